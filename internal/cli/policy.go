@@ -1,0 +1,116 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/statedir"
+)
+
+func newPolicyCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "policy",
+		Short: "Validate and explain sandbox policies",
+	}
+	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicyDefaultCmd())
+	return cmd
+}
+
+func newPolicyCheckCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check FILE",
+		Short: "Validate a policy file",
+		Long: `Validate a policy file. Exits 0 when it is valid (printing any warnings), or
+prints every problem as "field.path: what is wrong — how to fix" and exits 2.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := policy.Load(args[0])
+			if err != nil {
+				var ve *policy.ValidationError
+				if errors.As(err, &ve) {
+					for _, pr := range ve.Problems {
+						fmt.Fprintln(cmd.ErrOrStderr(), pr.String())
+					}
+					return &exitError{code: 2, err: fmt.Errorf("%s: %d problem(s)", args[0], len(ve.Problems))}
+				}
+				return &exitError{code: 2, err: err}
+			}
+			for _, w := range p.Warnings() {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w.String())
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (sha256 %s)\n", args[0], p.SHA256())
+			return nil
+		},
+	}
+}
+
+func newPolicyExplainCmd() *cobra.Command {
+	var asJSON bool
+	var workdir, stateDir string
+	cmd := &cobra.Command{
+		Use:   "explain [FILE]",
+		Short: "Print what a policy compiles to on this host",
+		Long: `Print the compiled plan for a policy (the built-in default without FILE) on
+this host: the mounts in order, Landlock rules and ABI, the seccomp profile
+with every rule, namespaces, uid/gid, limits and how each is enforced here,
+and the network plan. Nothing is started.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := ""
+			if len(args) == 1 {
+				path = args[0]
+			}
+			p, err := loadPolicy(path)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			wd, err := resolveWorkdir(workdir)
+			if err != nil {
+				return err
+			}
+			if stateDir == "" {
+				stateDir = statedir.Default()
+			}
+			pl, err := plan.Build(p, plan.Context{Workdir: wd, StateDir: stateDir, ID: "<id>", Session: "default"}, plan.LocalHost())
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(pl)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "policy: %s (sha256 %s)\n", orDefault(p.Source), p.SHA256())
+			return pl.WriteText(cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the plan as JSON")
+	cmd.Flags().StringVar(&workdir, "workdir", "", "working directory to plan for (default: current directory)")
+	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory to plan for")
+	return cmd
+}
+
+func newPolicyDefaultCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "default",
+		Short: "Print the built-in default policy, a starting point for your own",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := os.Stdout.Write(policy.DefaultYAML())
+			return err
+		},
+	}
+}
+
+func orDefault(source string) string {
+	if source == "" {
+		return "<default>"
+	}
+	return source
+}

@@ -1,0 +1,73 @@
+// Package cli wires corral's commands. Each file is one command group; the
+// commands parse flags and call into the packages that do the work.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// Version is set at build time with -ldflags "-X .../internal/cli.Version=v1.2.3".
+var Version = "dev"
+
+// exitError carries a specific exit status out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// Execute runs the CLI with args and returns the process exit code.
+func Execute(ctx context.Context, args []string) int {
+	root := &cobra.Command{
+		Use:   "corral",
+		Short: "Run AI coding agents and everything they spawn inside a policy-governed Linux sandbox",
+		Long: `corral runs a command in a sandbox whose filesystem, syscalls, processes,
+resources and network are governed by one declarative YAML policy.
+
+Without --policy, the built-in default policy is used: the working directory
+read-write, system directories read-only, a private /tmp and home, no network,
+the default seccomp profile and resource limits a laptop survives.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newRunCmd(), newPolicyCmd(), newVersionCmd())
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(os.Stderr, "corral: %v\n", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(os.Stderr, "corral: %v\n", err)
+	return 2
+}
+
+// newLogger builds the human-facing logger on stderr.
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,282 @@
+package cli
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/sandbox"
+	"github.com/corral-sandbox/corral/internal/statedir"
+)
+
+// Uncaged reasons in sandbox.start.uncaged events.
+const (
+	reasonPolicyDisabled = "policy_disabled"
+	reasonFlagNoSandbox  = "flag_no_sandbox"
+)
+
+// defaultPath is the workload's PATH when the caller has none.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+type runFlags struct {
+	policy    string
+	workdir   string
+	timeout   time.Duration
+	env       []string
+	passEnv   []string
+	auditLog  string
+	stateDir  string
+	session   string
+	noSandbox bool
+	logLevel  string
+}
+
+func newRunCmd() *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- CMD [ARGS...]",
+		Short: "Run a command inside a sandbox",
+		Long: `Run CMD inside a sandbox built from the policy (the built-in default policy
+unless --policy is given).
+
+Inside, only the policy's paths exist; the workload runs as an unprivileged
+user with no capabilities, no_new_privs, Landlock and a seccomp filter, in its
+own mount, pid, ipc, uts, cgroup and network namespaces, under cgroup limits
+and a walltime watchdog.
+
+The workload's environment is a small safe set (PATH, HOME, TERM, LANG, LC_*,
+TZ, USER, CORRAL_SANDBOX=1) plus what --env and --pass-env add.
+
+Exit status: the command's own; 128+N if it was killed by signal N; 124 when
+the walltime ran out; 125 when corral failed before the command ran; 126 if
+the command cannot be executed; 127 if it was not found.`,
+		Example: `  corral run -- ls -la
+  corral run --policy agent.yaml --timeout 30m -- claude
+  corral run --env CI=1 --pass-env GITHUB_TOKEN -- make test`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 0 {
+				return &exitError{code: 2, err: errors.New("put the command after --, e.g. corral run -- ls -la")}
+			}
+			return runCommand(cmd, f, args)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.policy, "policy", "", "policy file (default: the built-in default policy; see 'corral policy explain')")
+	fl.StringVar(&f.workdir, "workdir", "", "working directory, mounted read-write unless the policy says otherwise (default: current directory)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "walltime limit, overriding limits.walltime (e.g. 30s, 10m, 2h)")
+	fl.StringArrayVar(&f.env, "env", nil, "set K=V in the workload's environment (repeatable)")
+	fl.StringArrayVar(&f.passEnv, "pass-env", nil, "pass the named variable from corral's environment (repeatable)")
+	fl.StringVar(&f.auditLog, "audit-log", "", "audit log file, JSON lines (default: STATE_DIR/audit.log)")
+	fl.StringVar(&f.stateDir, "state-dir", "", "directory for corral's host state (default: /var/lib/corral as root, else $XDG_STATE_HOME/corral)")
+	fl.StringVar(&f.session, "session", "default", "session name: groups audit events and keeps /scratch across runs with state: scratch")
+	fl.BoolVar(&f.noSandbox, "no-sandbox", false, "run the command WITHOUT any sandbox (walltime and audit still apply)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level on stderr: debug, info, warn, error")
+	return cmd
+}
+
+var sessionName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
+	setupFailed := func(err error) error { return &exitError{code: sandbox.ExitSetupFailed, err: err} }
+	log, err := newLogger(cmd.ErrOrStderr(), f.logLevel)
+	if err != nil {
+		return setupFailed(err)
+	}
+	if !sessionName.MatchString(f.session) {
+		return setupFailed(fmt.Errorf("--session %q: use 1-64 letters, digits, '.', '_' or '-'", f.session))
+	}
+	extraEnv, err := parseEnvFlags(f.env, f.passEnv)
+	if err != nil {
+		return setupFailed(err)
+	}
+	if f.timeout < 0 {
+		return setupFailed(fmt.Errorf("--timeout %s: must be positive", f.timeout))
+	}
+	workdir, err := resolveWorkdir(f.workdir)
+	if err != nil {
+		return setupFailed(err)
+	}
+	state := f.stateDir
+	if state == "" {
+		state = statedir.Default()
+	}
+	if state, err = filepath.Abs(state); err != nil {
+		return setupFailed(err)
+	}
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return setupFailed(fmt.Errorf("create state directory %s: %w", state, err))
+	}
+	auditPath := f.auditLog
+	if auditPath == "" {
+		auditPath = statedir.AuditLog(state)
+	}
+	sink, err := audit.Open(auditPath)
+	if err != nil {
+		return setupFailed(err)
+	}
+	defer sink.Close()
+	id := newID()
+	aud := sink.For(id, f.session)
+
+	pol, err := loadPolicy(f.policy)
+	if err != nil {
+		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", f.policy)
+		return setupFailed(err)
+	}
+	for _, w := range pol.Warnings() {
+		log.Warn("policy: " + w.String())
+	}
+
+	host := plan.LocalHost()
+	swept, err := sandbox.Sweep(state, host.Cgroups)
+	for _, old := range swept {
+		log.Warn("removed state left by a sandbox whose supervisor died", "sandbox", old)
+		aud.Emit(audit.SandboxStaleSwept, "stale_sandbox_id", old)
+	}
+	if err != nil {
+		log.Warn("could not remove all stale sandbox state", "err", err)
+	}
+
+	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, ID: id, Session: f.session}, host)
+	if err != nil {
+		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
+		return setupFailed(err)
+	}
+
+	uncaged := ""
+	switch {
+	case f.noSandbox:
+		uncaged = reasonFlagNoSandbox
+	case !pl.Caged:
+		uncaged = reasonPolicyDisabled
+	}
+	if uncaged == "" {
+		for _, w := range pl.Warnings {
+			log.Warn(w)
+		}
+	}
+	walltime := time.Duration(pl.Limits.WalltimeMS) * time.Millisecond
+	if f.timeout > 0 {
+		walltime = f.timeout
+	}
+	env := workloadEnv(os.Environ(), pl.User, uncaged != "", extraEnv)
+	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
+		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
+		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
+		Audit: aud, Log: log, PolicySHA: pol.SHA256(), UncagedReason: uncaged,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+	})
+	if err != nil || code != 0 {
+		return &exitError{code: code, err: err}
+	}
+	return nil
+}
+
+func loadPolicy(path string) (*policy.Policy, error) {
+	if path == "" {
+		return policy.Default(), nil
+	}
+	return policy.Load(path)
+}
+
+func resolveWorkdir(dir string) (string, error) {
+	if dir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", fmt.Errorf("current directory: %w", err)
+		}
+		dir = wd
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	// The user named this directory, so following their symlinks is right.
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("--workdir %s: %w", dir, err)
+	}
+	return real, nil
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// parseEnvFlags checks --env and --pass-env up front, so a typo fails the
+// run instead of silently starting the workload without a variable.
+func parseEnvFlags(set, pass []string) ([]string, error) {
+	var out []string
+	for _, name := range pass {
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			return nil, fmt.Errorf("--pass-env %s: not set in corral's environment", name)
+		}
+		out = append(out, name+"="+v)
+	}
+	for _, kv := range set {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \x00") {
+			return nil, fmt.Errorf("--env %q: want NAME=VALUE", kv)
+		}
+		out = append(out, kv)
+	}
+	return out, nil
+}
+
+// safeEnv names what passes from corral's environment by default: enough
+// for tools to behave, nothing that carries credentials.
+func safeEnv(key string) bool {
+	switch key {
+	case "PATH", "TERM", "LANG", "TZ", "COLORTERM":
+		return true
+	}
+	return strings.HasPrefix(key, "LC_")
+}
+
+func workloadEnv(host []string, u plan.User, uncaged bool, extra []string) []string {
+	vals := map[string]string{"PATH": defaultPath}
+	order := []string{"PATH"}
+	set := func(k, v string) {
+		if _, ok := vals[k]; !ok {
+			order = append(order, k)
+		}
+		vals[k] = v
+	}
+	for _, kv := range host {
+		if k, v, ok := strings.Cut(kv, "="); ok && safeEnv(k) {
+			set(k, v)
+		}
+	}
+	home := u.Home
+	if uncaged {
+		home, _ = os.UserHomeDir()
+	}
+	set("HOME", home)
+	set("USER", u.Name)
+	set("LOGNAME", u.Name)
+	set("CORRAL_SANDBOX", "1")
+	for _, kv := range extra {
+		k, v, _ := strings.Cut(kv, "=")
+		set(k, v)
+	}
+	env := make([]string, 0, len(order))
+	for _, k := range order {
+		env = append(env, k+"="+vals[k])
+	}
+	return env
+}

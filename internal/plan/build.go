@@ -1,0 +1,445 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/seccomp"
+	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/statedir"
+)
+
+// Context is what varies per run besides the policy and the host.
+type Context struct {
+	Workdir  string
+	StateDir string
+	ID       string
+	Session  string
+}
+
+// nobody is the identity used when nothing better is known; it owns nothing.
+const nobody = 65534
+
+// Build computes the plan. It reads the host only through h, so the same
+// inputs always give the same plan.
+func Build(p *policy.Policy, c Context, h Host) (*Plan, error) {
+	if !filepath.IsAbs(c.Workdir) || filepath.Clean(c.Workdir) != c.Workdir {
+		return nil, fmt.Errorf("workdir %q must be an absolute, clean path", c.Workdir)
+	}
+	if fi, err := h.FS.Lstat(c.Workdir); err != nil {
+		return nil, fmt.Errorf("workdir %s: %w", c.Workdir, err)
+	} else if fi.Type != TypeDir {
+		return nil, fmt.Errorf("workdir %s is not a directory (symlinked workdirs must be given in resolved form)", c.Workdir)
+	}
+	if p.IncludeWorkdir() && c.Workdir == "/" {
+		return nil, errors.New("the workdir is /, which cannot be mounted read-write; run from a project directory or set filesystem_policy.include_workdir: false")
+	}
+	b := &builder{p: p, c: c, h: h, pl: &Plan{
+		Caged:    !p.SandboxDisabled(),
+		Workdir:  c.Workdir,
+		Hostname: "corral-" + c.ID,
+	}}
+	steps := []func() error{b.user, b.network, b.mounts, b.landlock, b.seccomp, b.limits}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	return b.pl, nil
+}
+
+type builder struct {
+	p  *policy.Policy
+	c  Context
+	h  Host
+	pl *Plan
+}
+
+func (b *builder) warn(format string, args ...any) {
+	b.pl.Warnings = append(b.pl.Warnings, fmt.Sprintf(format, args...))
+}
+
+// user picks the workload's identity. It is never root: as root, corral runs
+// the workload as the policy's user, else as the workdir's owner, else as
+// nobody; without root, as the invoking user inside a user namespace.
+func (b *builder) user() error {
+	proc := b.p.Process
+	u := &b.pl.User
+	if b.h.EUID != 0 {
+		b.pl.Rootless = true
+		u.UID, u.GID, u.Why = b.h.EUID, b.h.EGID, "rootless: the invoking user, in a user namespace"
+		if proc.RunAsUser != "" {
+			a, err := b.lookupUser(proc.RunAsUser)
+			if err != nil || a.UID != b.h.EUID {
+				return fmt.Errorf("process.run_as_user %q: only root can run the sandbox as another user — run corral as root or remove run_as_user", proc.RunAsUser)
+			}
+		}
+		if proc.RunAsGroup != "" {
+			return fmt.Errorf("process.run_as_group %q: only root can choose the group — run corral as root or remove run_as_group", proc.RunAsGroup)
+		}
+		b.name(u)
+		return nil
+	}
+	switch {
+	case proc.RunAsUser != "":
+		a, err := b.lookupUser(proc.RunAsUser)
+		if err != nil {
+			return fmt.Errorf("process.run_as_user %q: %w", proc.RunAsUser, err)
+		}
+		u.UID, u.GID, u.Groups, u.Name, u.Home = a.UID, a.GID, a.Groups, a.Name, a.Home
+		u.Why = "process.run_as_user"
+	default:
+		fi, err := b.h.FS.Lstat(b.c.Workdir)
+		if err != nil {
+			return err
+		}
+		if fi.UID != 0 {
+			u.UID, u.GID, u.Why = fi.UID, fi.GID, "owner of the workdir"
+			if a, err := b.h.Users.User(strconv.Itoa(int(fi.UID))); err == nil {
+				u.GID, u.Groups, u.Name, u.Home = a.GID, a.Groups, a.Name, a.Home
+			}
+		} else {
+			u.UID, u.GID, u.Why = nobody, nobody, "the workdir is owned by root, so the workload runs as nobody"
+		}
+	}
+	if proc.RunAsGroup != "" {
+		gid, err := b.h.Users.Group(proc.RunAsGroup)
+		if err != nil {
+			n, perr := strconv.ParseUint(proc.RunAsGroup, 10, 32)
+			if perr != nil {
+				return fmt.Errorf("process.run_as_group %q: %w", proc.RunAsGroup, err)
+			}
+			gid = uint32(n)
+		}
+		u.GID, u.Groups = gid, nil
+		u.Why += " with process.run_as_group"
+	}
+	if u.UID == 0 || u.GID == 0 {
+		return fmt.Errorf("refusing to run the workload as root (uid %d, gid %d): set process.run_as_user/run_as_group to an unprivileged user", u.UID, u.GID)
+	}
+	groups := []uint32{u.GID}
+	for _, g := range u.Groups {
+		if g == 0 {
+			b.warn("supplementary group 0 (root) of %s is dropped inside the sandbox", u.Name)
+			continue
+		}
+		groups = append(groups, g)
+	}
+	slices.Sort(groups)
+	u.Groups = slices.Compact(groups)
+	b.name(u)
+	return nil
+}
+
+// lookupUser accepts a name or a numeric uid; an unknown number is allowed
+// (its group is then the same number) because images often lack passwd entries.
+func (b *builder) lookupUser(nameOrID string) (Account, error) {
+	a, err := b.h.Users.User(nameOrID)
+	if err == nil {
+		return a, nil
+	}
+	n, perr := strconv.ParseUint(nameOrID, 10, 32)
+	if perr != nil {
+		return Account{}, fmt.Errorf("no such user on this host: %w", err)
+	}
+	return Account{UID: uint32(n), GID: uint32(n)}, nil
+}
+
+// name fills the user name and a usable home directory.
+func (b *builder) name(u *User) {
+	if u.Name == "" || u.Home == "" {
+		if a, err := b.h.Users.User(strconv.Itoa(int(u.UID))); err == nil {
+			u.Name, u.Home = a.Name, a.Home
+		}
+	}
+	if u.Name == "" {
+		u.Name = strconv.Itoa(int(u.UID))
+	}
+	switch u.Home {
+	case "", "/", "/nonexistent", "/dev/null":
+		u.Home = "/home/" + u.Name
+	}
+}
+
+func (b *builder) network() error {
+	mode := b.p.NetworkMode()
+	ns := []string{"mount", "pid", "ipc", "uts", "cgroup"}
+	if b.pl.Rootless {
+		ns = append([]string{"user"}, ns...)
+	}
+	switch mode {
+	case policy.ModeAllow:
+		b.pl.Network = Network{Mode: mode, Description: "host network, NO egress filtering"}
+		b.warn("network.mode is allow: the sandbox uses the host's network with no egress filtering")
+	case policy.ModeProxy:
+		// The egress proxy is not part of this build. Falling back to
+		// "allow" would silently remove protection; blocking fails closed.
+		ns = append(ns, "net")
+		mode = policy.ModeBlock
+		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only (proxy mode is not available in this build; network_policies are validated but no egress is possible)"}
+		b.warn("network.mode proxy is not available in this build: all egress is blocked and network_policies are not enforced")
+	default:
+		ns = append(ns, "net")
+		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only; inet sockets denied by seccomp"}
+	}
+	b.pl.Namespaces = ns
+	return nil
+}
+
+// bind is one policy path on its way to becoming a mount.
+type bind struct {
+	path     string
+	readOnly bool
+	why      string
+}
+
+func (b *builder) mounts() error {
+	fsp := b.p.FilesystemPolicy
+	var binds []bind
+	for _, p := range fsp.ReadOnly {
+		binds = append(binds, bind{p, true, "filesystem_policy.read_only"})
+	}
+	for _, p := range fsp.ReadWrite {
+		binds = append(binds, bind{p, false, "filesystem_policy.read_write"})
+	}
+	writable := slices.Clone(fsp.ReadWrite)
+	if b.p.IncludeWorkdir() {
+		writable = append(writable, b.c.Workdir)
+		if slices.Contains(fsp.ReadOnly, b.c.Workdir) {
+			b.warn("the workdir %s is listed in filesystem_policy.read_only, so it stays read-only", b.c.Workdir)
+		} else {
+			binds = append(binds, bind{b.c.Workdir, false, "workdir"})
+		}
+	}
+
+	mounts := []Mount{
+		{Kind: KindProc, Target: "/proc", Why: "fresh procfs for the sandbox's pid namespace"},
+		{Kind: KindDev, Target: "/dev", Why: "minimal devices: null zero full random urandom tty, private pts and shm"},
+	}
+	targets := map[string]bool{}
+	for _, bd := range binds {
+		if under(bd.path, []string{"/proc", "/dev"}) {
+			b.skip(bd.path, "corral mounts its own /proc and /dev")
+			continue
+		}
+		src, err := resolve(b.h.FS, bd.path, writable)
+		if err != nil {
+			var le *linkError
+			switch {
+			case bd.why == "workdir":
+				return fmt.Errorf("workdir %s: %w", bd.path, err)
+			case errors.As(err, &le):
+				b.skip(bd.path, le.Error())
+				b.warn("%s is not mounted: %s", bd.path, le.Error())
+			case errors.Is(err, fs.ErrNotExist):
+				b.skip(bd.path, "does not exist on this host")
+			default:
+				b.skip(bd.path, err.Error())
+			}
+			continue
+		}
+		targets[bd.path] = true
+		mounts = append(mounts, Mount{Kind: KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why})
+		if !bd.readOnly {
+			b.checkWritable(bd.path, src)
+		}
+	}
+	u := b.pl.User
+	if !targets["/tmp"] {
+		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: "/tmp", Mode: 0o1777, Why: "private /tmp"})
+	}
+	if !underAny(u.Home, targets) && !under(u.Home, []string{"/tmp"}) {
+		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: u.Home, Mode: 0o700, UID: u.UID, GID: u.GID,
+			Why: "private, empty home directory"})
+	}
+	if st := b.p.State; st != policy.StateNone {
+		dir := statedir.Ephemeral(b.c.StateDir, b.c.ID)
+		if st == policy.StateScratch {
+			dir = statedir.Session(b.c.StateDir, b.c.Session)
+		}
+		b.pl.State = State{Mode: st, HostDir: dir}
+		mounts = append(mounts, Mount{Kind: KindBind, Source: dir, Target: "/scratch", Why: "state: " + st})
+	} else {
+		b.pl.State = State{Mode: "none"}
+	}
+	// Parents before children, so /home/u/proj lands on top of /home/u.
+	slices.SortStableFunc(mounts, func(x, y Mount) int {
+		if d := depth(x.Target) - depth(y.Target); d != 0 {
+			return d
+		}
+		return strings.Compare(x.Target, y.Target)
+	})
+	b.pl.Mounts = mounts
+	return nil
+}
+
+func (b *builder) skip(path, reason string) {
+	b.pl.Skipped = append(b.pl.Skipped, Skipped{Path: path, Reason: reason})
+}
+
+// checkWritable warns when a read_write path will not be writable by the
+// workload's user, which otherwise shows up as baffling EACCES later.
+func (b *builder) checkWritable(path, src string) {
+	fi, err := b.h.FS.Lstat(src)
+	if err != nil {
+		return
+	}
+	u := b.pl.User
+	ok := false
+	switch {
+	case fi.UID == u.UID:
+		ok = fi.Perm&0o200 != 0
+	case slices.Contains(u.Groups, fi.GID) || fi.GID == u.GID:
+		ok = fi.Perm&0o020 != 0
+	default:
+		ok = fi.Perm&0o002 != 0
+	}
+	if !ok {
+		b.warn("%s is read_write but not writable by uid %d (owner %d:%d, mode %04o); set process.run_as_user or fix its ownership",
+			path, u.UID, fi.UID, fi.GID, fi.Perm)
+	}
+}
+
+func (b *builder) landlock() error {
+	ll := Landlock{Compatibility: policy.LandlockBestEffort, ABI: b.h.LandlockABI}
+	if b.p.LandlockHard() {
+		ll.Compatibility = policy.LandlockHardRequirement
+	}
+	for _, m := range b.pl.Mounts {
+		switch {
+		case m.Kind == KindBind && m.ReadOnly:
+			ll.ReadOnly = append(ll.ReadOnly, m.Target)
+		default:
+			ll.ReadWrite = append(ll.ReadWrite, m.Target)
+		}
+	}
+	if ll.ABI == 0 {
+		if b.p.LandlockHard() {
+			return errors.New("landlock.compatibility is hard_requirement but this kernel has no Landlock (enable CONFIG_SECURITY_LANDLOCK and add landlock to the lsm= boot parameter, or use best_effort)")
+		}
+		b.warn("Landlock is unavailable on this kernel: the filesystem is confined by the mount namespace only")
+	}
+	b.pl.Landlock = ll
+	return nil
+}
+
+func (b *builder) seccomp() error {
+	profile := b.p.SeccompProfile()
+	rules, err := seccomp.Rules(seccomp.Profile(profile), seccomp.NetMode(b.pl.Network.Mode))
+	if err != nil {
+		return fmt.Errorf("seccomp profile %s: %w", profile, err)
+	}
+	s := Seccomp{Profile: profile, NetMode: b.pl.Network.Mode}
+	for _, r := range rules {
+		s.Rules = append(s.Rules, SeccompRule{Syscalls: r.Syscalls, Action: r.Action, Condition: r.Condition, Reason: r.Reason})
+	}
+	b.pl.Seccomp = s
+	return nil
+}
+
+func (b *builder) limits() error {
+	pl := b.p.Limits
+	l := Limits{
+		MemoryBytes: pl.MemoryBytes(),
+		Pids:        int64(pl.PidsMax()),
+		CPUCores:    pl.CPUCores(),
+		WalltimeMS:  pl.WalltimeDuration().Milliseconds(),
+	}
+	cl := cgroup.Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPUCores: l.CPUCores}
+	l.Enforcement = cgroup.Plan(b.h.Cgroups, cl)
+	l.Enforced = b.h.Cgroups.Writable && (l.MemoryBytes > 0 || l.Pids > 0 || l.CPUCores > 0)
+	for _, line := range l.Enforcement {
+		if strings.Contains(line, cgroup.NotEnforced) {
+			l.NotEnforced = append(l.NotEnforced, line)
+			b.warn("limit %s", line)
+		}
+	}
+	if w := pl.WalltimeDuration(); w > 0 {
+		l.Enforcement = append(l.Enforcement, fmt.Sprintf("walltime %s → watchdog: SIGTERM, %s grace, SIGKILL, exit 124", w, 5*time.Second))
+	}
+	b.pl.Limits = l
+	return nil
+}
+
+// linkError is a symlink corral refuses to follow.
+type linkError struct{ link, target string }
+
+func (e *linkError) Error() string {
+	return fmt.Sprintf("path passes through symlink %s -> %s inside a writable directory, which the sandbox could have planted; refusing to follow it", e.link, e.target)
+}
+
+// resolve follows path on the host like the kernel would, except that it
+// refuses any symlink that sits inside a writable path: the workload could
+// have planted it in an earlier run to have a later run mount, say, ~/.ssh.
+func resolve(fsys FileSystem, path string, writable []string) (string, error) {
+	rest := strings.Split(path, "/")
+	cur, links := "/", 0
+	for len(rest) > 0 {
+		name := rest[0]
+		rest = rest[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, name)
+		fi, err := fsys.Lstat(next)
+		if err != nil {
+			return "", err
+		}
+		if fi.Type != TypeSymlink {
+			cur = next
+			continue
+		}
+		target, err := fsys.Readlink(next)
+		if err != nil {
+			return "", err
+		}
+		if under(next, writable) {
+			return "", &linkError{next, target}
+		}
+		if links++; links > 40 {
+			return "", fmt.Errorf("too many symlinks resolving %s", path)
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	return cur, nil
+}
+
+// under reports whether p is one of roots or below one of them.
+func under(p string, roots []string) bool {
+	for _, r := range roots {
+		if p == r || strings.HasPrefix(p, strings.TrimSuffix(r, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func underAny(p string, set map[string]bool) bool {
+	for r := range set {
+		if under(p, []string{r}) {
+			return true
+		}
+	}
+	return false
+}
+
+func depth(p string) int {
+	if p == "/" {
+		return 0
+	}
+	return strings.Count(p, "/")
+}

@@ -1,0 +1,223 @@
+package plan
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// fakeFS is a host filesystem described by paths: a trailing "/" marks a
+// directory, "->" a symlink.
+type fakeFS map[string]string
+
+func (f fakeFS) Lstat(p string) (FileInfo, error) {
+	if p == "/" {
+		return FileInfo{Type: TypeDir, Perm: 0o755}, nil
+	}
+	v, ok := f[p]
+	if !ok {
+		return FileInfo{}, &fs.PathError{Op: "lstat", Path: p, Err: fs.ErrNotExist}
+	}
+	fi := FileInfo{Type: TypeDir, Perm: 0o755}
+	if t, ok := strings.CutPrefix(v, "->"); ok && t != "" {
+		fi.Type = TypeSymlink
+	}
+	if strings.HasPrefix(v, "file") {
+		fi.Type = TypeFile
+	}
+	// "owner=UID:GID" sets ownership; "mode=0700" the permissions.
+	for _, field := range strings.Fields(v) {
+		if o, ok := strings.CutPrefix(field, "owner="); ok {
+			u, g, _ := strings.Cut(o, ":")
+			uid, _ := strconv.Atoi(u)
+			gid, _ := strconv.Atoi(g)
+			fi.UID, fi.GID = uint32(uid), uint32(gid)
+		}
+		if m, ok := strings.CutPrefix(field, "mode="); ok {
+			n, _ := strconv.ParseUint(m, 8, 32)
+			fi.Perm = fs.FileMode(n)
+		}
+	}
+	return fi, nil
+}
+
+func (f fakeFS) Readlink(p string) (string, error) {
+	t, ok := strings.CutPrefix(f[p], "->")
+	if !ok {
+		return "", &fs.PathError{Op: "readlink", Path: p, Err: fs.ErrInvalid}
+	}
+	return t, nil
+}
+
+type fakeUsers map[string]Account
+
+func (u fakeUsers) User(s string) (Account, error) {
+	if a, ok := u[s]; ok {
+		return a, nil
+	}
+	for _, a := range u {
+		if strconv.Itoa(int(a.UID)) == s {
+			return a, nil
+		}
+	}
+	return Account{}, fs.ErrNotExist
+}
+
+func (u fakeUsers) Group(s string) (uint32, error) {
+	if s == "dev" {
+		return 3000, nil
+	}
+	return 0, fs.ErrNotExist
+}
+
+func debianHost() Host {
+	return Host{
+		EUID: 0, EGID: 0, LandlockABI: 6,
+		Cgroups: cgroup.Facts{Mode: cgroup.ModeHybrid, Controllers: []string{"memory", "pids", "cpu"}, Writable: true,
+			Dirs: map[string]string{"memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids", "cpu": "/sys/fs/cgroup/cpu"}},
+		FS: fakeFS{
+			"/usr": "", "/usr/lib": "", "/usr/lib64": "", "/lib": "->usr/lib", "/lib64": "->usr/lib64",
+			"/bin": "->usr/bin", "/sbin": "->usr/sbin", "/usr/bin": "", "/usr/sbin": "", "/etc": "", "/opt": "",
+			"/home": "", "/home/ada": "owner=1000:1000", "/home/ada/proj": "owner=1000:1000",
+			"/home/ada/proj/link": "->/home/ada/.ssh", "/home/ada/.ssh": "owner=1000:1000 mode=0700",
+			"/srv": "", "/srv/data": "owner=0:0 mode=0755", "/root": "owner=0:0 mode=0700", "/root/w": "owner=0:0",
+		},
+		Users: fakeUsers{"ada": {UID: 1000, GID: 1000, Name: "ada", Home: "/home/ada", Groups: []uint32{1000, 27}}},
+	}
+}
+
+func TestBuildGolden(t *testing.T) {
+	rootless := debianHost()
+	rootless.EUID, rootless.EGID = 1000, 1000
+	rootless.Cgroups = cgroup.Facts{Mode: cgroup.ModeHybrid, Reason: "cgroup v1: permission denied"}
+	noLandlock := debianHost()
+	noLandlock.LandlockABI = 0
+
+	cases := []struct {
+		name    string
+		policy  string
+		workdir string
+		host    Host
+	}{
+		{"default-root", "", "/home/ada/proj", debianHost()},
+		{"default-rootless", "", "/home/ada/proj", rootless},
+		{"root-owned-workdir", "", "/root/w", debianHost()},
+		{"no-landlock", "", "/home/ada/proj", noLandlock},
+		{"custom", `
+version: 1
+filesystem_policy:
+  read_only: [/usr, /home/ada/proj/link, /does/not/exist, /proc/sys]
+  read_write: [/srv/data]
+process: {run_as_user: ada, run_as_group: dev}
+seccomp: relaxed
+state: scratch
+limits: {memory: 512MiB, pids: 64, cpu: 0.5, walltime: 90s}
+network: {mode: allow}
+`, "/home/ada/proj", debianHost()},
+		{"proxy-falls-back-to-block", `
+version: 1
+network: {allow: ["api.github.com:443"]}
+`, "/home/ada/proj", debianHost()},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy.Default()
+			if tc.policy != "" {
+				var err error
+				if p, err = policy.Parse([]byte(tc.policy), "test.yaml"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pl, err := Build(p, Context{Workdir: tc.workdir, StateDir: "/var/lib/corral", ID: "test", Session: "s1"}, tc.host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			if err := pl.WriteText(&buf); err != nil {
+				t.Fatal(err)
+			}
+			buf.WriteString("\nsummary: " + pl.Summary("test") + "\n")
+			golden(t, filepath.Join("testdata", tc.name+".golden"), buf.Bytes())
+			if _, err := json.Marshal(pl); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./internal/plan -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs (run go test ./internal/plan -update and review the diff):\n--- got\n%s", path, got)
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	cases := []struct {
+		name, policy, workdir, want string
+		host                        func(*Host)
+	}{
+		{"workdir missing", "", "/nope", "workdir /nope", nil},
+		{"workdir is root", "", "/", "cannot be mounted read-write", nil},
+		{"workdir relative", "", "home/ada", "absolute, clean path", nil},
+		{"landlock hard but missing", "version: 1\nlandlock: {compatibility: hard_requirement}\n", "/home/ada/proj",
+			"hard_requirement", func(h *Host) { h.LandlockABI = 0 }},
+		{"rootless other user", "version: 1\nprocess: {run_as_user: \"4242\"}\n", "/home/ada/proj",
+			"only root can run the sandbox as another user", func(h *Host) { h.EUID, h.EGID = 1000, 1000 }},
+		{"symlinked workdir", "", "/lib", "not a directory", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy.Default()
+			if tc.policy != "" {
+				var err error
+				if p, err = policy.Parse([]byte(tc.policy), "t.yaml"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := debianHost()
+			if tc.host != nil {
+				tc.host(&h)
+			}
+			_, err := Build(p, Context{Workdir: tc.workdir, StateDir: "/s", ID: "x", Session: "s"}, h)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A symlink planted inside a writable path must never be followed, even
+// when a later policy names the path through it.
+func TestResolveRefusesPlantedSymlink(t *testing.T) {
+	h := debianHost()
+	_, err := resolve(h.FS, "/home/ada/proj/link", []string{"/home/ada/proj"})
+	if _, ok := err.(*linkError); !ok {
+		t.Fatalf("resolve through planted link: err = %v, want *linkError", err)
+	}
+	got, err := resolve(h.FS, "/lib", []string{"/home/ada/proj"})
+	if err != nil || got != "/usr/lib" {
+		t.Fatalf("resolve /lib = %q, %v; want /usr/lib", got, err)
+	}
+}

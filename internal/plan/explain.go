@@ -1,0 +1,149 @@
+package plan
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Summary is the one-line description of the cage used in audit events,
+// e.g. cage[ab12] fs=ro:/usr,rw:/work net=block state=none mem=512MiB ...
+func (p *Plan) Summary(id string) string {
+	var fs []string
+	for _, m := range p.Mounts {
+		if m.Kind != KindBind {
+			continue
+		}
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		fs = append(fs, mode+":"+m.Target)
+	}
+	l := p.Limits
+	return fmt.Sprintf("cage[%s] fs=%s net=%s state=%s mem=%s pids=%s cpu=%s walltime=%s seccomp=%s landlock=abi%d user=%d:%d",
+		id, strings.Join(fs, ","), p.Network.Mode, p.State.Mode,
+		orNone(l.MemoryBytes > 0, formatBytes(l.MemoryBytes)),
+		orNone(l.Pids > 0, fmt.Sprint(l.Pids)),
+		orNone(l.CPUCores > 0, fmt.Sprint(l.CPUCores)),
+		orNone(l.WalltimeMS > 0, (time.Duration(l.WalltimeMS)*time.Millisecond).String()),
+		p.Seccomp.Profile, p.Landlock.ABI, p.User.UID, p.User.GID)
+}
+
+func orNone(ok bool, s string) string {
+	if ok {
+		return s
+	}
+	return "none"
+}
+
+func formatBytes(n int64) string {
+	for _, u := range []struct {
+		size int64
+		name string
+	}{{1 << 40, "TiB"}, {1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
+		if n >= u.size && n%u.size == 0 {
+			return fmt.Sprintf("%d%s", n/u.size, u.name)
+		}
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// WriteText prints the plan for people: every mount in order, the Landlock
+// and seccomp rules, the identity, the limits and how each is enforced.
+func (p *Plan) WriteText(w io.Writer) error {
+	ew := &errWriter{w: w}
+	if !p.Caged {
+		ew.printf("sandbox: DISABLED — the command runs with no isolation (walltime is still enforced)\n")
+	}
+	ew.printf("workdir: %s\n", p.Workdir)
+	ew.printf("hostname: %s\n", p.Hostname)
+	ew.printf("namespaces: %s\n", strings.Join(p.Namespaces, " "))
+	mode := "root: no user namespace; identity changed with setresuid"
+	if p.Rootless {
+		mode = "rootless: user namespace mapping the invoking user to itself"
+	}
+	ew.printf("privileges: %s\n", mode)
+	ew.printf("user: uid=%d gid=%d groups=%v name=%s home=%s (%s)\n", p.User.UID, p.User.GID, p.User.Groups, p.User.Name, p.User.Home, p.User.Why)
+	ew.printf("  all capabilities dropped (bounding, ambient, permitted), no_new_privs set\n")
+
+	ew.printf("\nmounts (in order; nothing else exists inside):\n")
+	for i, m := range p.Mounts {
+		switch m.Kind {
+		case KindBind:
+			access := "rw"
+			if m.ReadOnly {
+				access = "ro"
+			}
+			src := ""
+			if m.Source != m.Target {
+				src = " from " + m.Source
+			}
+			ew.printf("  %2d. bind  %s %s%s nosuid,nodev  (%s)\n", i+1, access, m.Target, src, m.Why)
+		case KindTmpfs:
+			ew.printf("  %2d. tmpfs rw %s mode=%04o uid=%d  (%s)\n", i+1, m.Target, m.Mode, m.UID, m.Why)
+		default:
+			ew.printf("  %2d. %-5s %s  (%s)\n", i+1, m.Kind, m.Target, m.Why)
+		}
+	}
+	ew.printf("  then pivot_root into the new root, detach the host's, make / read-only\n")
+	for _, s := range p.Skipped {
+		ew.printf("  skipped %s: %s\n", s.Path, s.Reason)
+	}
+
+	ew.printf("\nlandlock: %s, ", p.Landlock.Compatibility)
+	if p.Landlock.ABI > 0 {
+		ew.printf("ABI %d\n", p.Landlock.ABI)
+	} else {
+		ew.printf("unavailable on this kernel\n")
+	}
+	for _, path := range p.Landlock.ReadOnly {
+		ew.printf("  ro %s\n", path)
+	}
+	for _, path := range p.Landlock.ReadWrite {
+		ew.printf("  rw %s\n", path)
+	}
+
+	ew.printf("\nseccomp: profile %s, network mode %s, default action allow, TSYNC\n", p.Seccomp.Profile, p.Seccomp.NetMode)
+	for _, r := range p.Seccomp.Rules {
+		cond := ""
+		if r.Condition != "" {
+			cond = " when " + r.Condition
+		}
+		ew.printf("  %-14s %s%s  (%s)\n", r.Action, strings.Join(r.Syscalls, " "), cond, r.Reason)
+	}
+
+	ew.printf("\nlimits:\n")
+	for _, e := range p.Limits.Enforcement {
+		ew.printf("  %s\n", e)
+	}
+	if len(p.Limits.Enforcement) == 0 {
+		ew.printf("  none\n")
+	}
+
+	ew.printf("\nnetwork: %s — %s\n", p.Network.Mode, p.Network.Description)
+	ew.printf("state: %s", p.State.Mode)
+	if p.State.HostDir != "" {
+		ew.printf(" (/scratch from %s)", p.State.HostDir)
+	}
+	ew.printf("\n")
+	if len(p.Warnings) > 0 {
+		ew.printf("\nwarnings:\n")
+		for _, wn := range p.Warnings {
+			ew.printf("  ! %s\n", wn)
+		}
+	}
+	return ew.err
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	if e.err == nil {
+		_, e.err = fmt.Fprintf(e.w, format, args...)
+	}
+}

@@ -1,0 +1,141 @@
+package plan
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"os/user"
+	"strconv"
+	"syscall"
+
+	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/landlock"
+)
+
+// Host is every fact about the machine a plan depends on. Tests replace it
+// with a fake, which is what keeps Build pure.
+type Host struct {
+	EUID, EGID  uint32
+	LandlockABI int
+	Cgroups     cgroup.Facts
+	FS          FileSystem
+	Users       UserDB
+}
+
+// FileType is the kind of file at a path, without following a final symlink.
+type FileType int
+
+// File types the builder distinguishes.
+const (
+	TypeOther FileType = iota
+	TypeDir
+	TypeFile
+	TypeSymlink
+)
+
+// FileInfo is what Build needs to know about one path.
+type FileInfo struct {
+	Type FileType
+	UID  uint32
+	GID  uint32
+	Perm fs.FileMode
+}
+
+// FileSystem is the read-only view of the host's files used by Build.
+type FileSystem interface {
+	Lstat(path string) (FileInfo, error)
+	Readlink(path string) (string, error)
+}
+
+// Account is a user known to the host.
+type Account struct {
+	UID    uint32
+	GID    uint32
+	Name   string
+	Home   string
+	Groups []uint32
+}
+
+// UserDB resolves users and groups. Lookups return an error wrapping
+// fs.ErrNotExist for unknown names or ids.
+type UserDB interface {
+	User(nameOrID string) (Account, error)
+	Group(nameOrID string) (uint32, error)
+}
+
+// LocalHost reads the facts of the machine corral runs on.
+func LocalHost() Host {
+	return Host{
+		EUID:        uint32(os.Geteuid()),
+		EGID:        uint32(os.Getegid()),
+		LandlockABI: landlock.BestABI(),
+		Cgroups:     cgroup.Detect(),
+		FS:          osFS{},
+		Users:       osUsers{},
+	}
+}
+
+type osFS struct{}
+
+func (osFS) Lstat(path string) (FileInfo, error) {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	fi := FileInfo{Perm: st.Mode().Perm()}
+	switch {
+	case st.Mode()&fs.ModeSymlink != 0:
+		fi.Type = TypeSymlink
+	case st.IsDir():
+		fi.Type = TypeDir
+	case st.Mode().IsRegular():
+		fi.Type = TypeFile
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		fi.UID, fi.GID = sys.Uid, sys.Gid
+	}
+	return fi, nil
+}
+
+func (osFS) Readlink(path string) (string, error) { return os.Readlink(path) }
+
+type osUsers struct{}
+
+func (osUsers) User(nameOrID string) (Account, error) {
+	u, err := user.Lookup(nameOrID)
+	if err != nil {
+		u, err = user.LookupId(nameOrID)
+	}
+	if err != nil {
+		return Account{}, notExist(err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	a := Account{UID: uint32(uid), GID: uint32(gid), Name: u.Username, Home: u.HomeDir}
+	ids, _ := u.GroupIds()
+	for _, g := range ids {
+		if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+			a.Groups = append(a.Groups, uint32(n))
+		}
+	}
+	return a, nil
+}
+
+func (osUsers) Group(nameOrID string) (uint32, error) {
+	g, err := user.LookupGroup(nameOrID)
+	if err != nil {
+		g, err = user.LookupGroupId(nameOrID)
+	}
+	if err != nil {
+		return 0, notExist(err)
+	}
+	n, err := strconv.ParseUint(g.Gid, 10, 32)
+	return uint32(n), err
+}
+
+func notExist(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return errors.Join(fs.ErrNotExist, err)
+}

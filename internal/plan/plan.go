@@ -1,0 +1,124 @@
+// Package plan turns a policy and the facts of one host into the exact list
+// of things the sandbox will do. Building a plan is a pure function so that
+// `corral policy explain` shows precisely what `corral run` applies, and so
+// the whole translation is table- and snapshot-tested without root.
+package plan
+
+// Plan is everything the in-sandbox init needs, and everything explain shows.
+// It travels to the init as JSON, so field names are part of the protocol
+// between a supervisor and the init it re-executes (always the same binary).
+type Plan struct {
+	Caged    bool   `json:"caged"`
+	Workdir  string `json:"workdir"`
+	Hostname string `json:"hostname"`
+
+	Namespaces []string `json:"namespaces"`
+	// Rootless means the sandbox gets a user namespace that maps the invoking
+	// user to itself; the workload then runs as that user.
+	Rootless bool    `json:"rootless"`
+	User     User    `json:"user"`
+	Mounts   []Mount `json:"mounts"`
+	// Skipped lists policy paths that will not appear inside, with why.
+	Skipped []Skipped `json:"skipped,omitempty"`
+
+	Landlock Landlock `json:"landlock"`
+	Seccomp  Seccomp  `json:"seccomp"`
+	Limits   Limits   `json:"limits"`
+	Network  Network  `json:"network"`
+	State    State    `json:"state"`
+
+	// Warnings are things a user must hear about at start: degraded
+	// protections, unwritable paths. They are never silent.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// User is the identity the workload runs as.
+type User struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups"`
+	Name   string   `json:"name"`
+	Home   string   `json:"home"`
+	// Why says how the identity was chosen, for explain.
+	Why string `json:"why"`
+}
+
+// Mount kinds, applied in the order they appear in Plan.Mounts.
+const (
+	KindBind   = "bind"
+	KindTmpfs  = "tmpfs"
+	KindProc   = "proc"
+	KindDev    = "dev"
+	KindDevPts = "devpts"
+)
+
+// Mount is one entry of the new root. Target is the path inside the sandbox;
+// Source is a host path for binds.
+type Mount struct {
+	Kind     string `json:"kind"`
+	Source   string `json:"source,omitempty"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only"`
+	// Mode and owner for tmpfs roots (private /tmp, private home).
+	Mode uint32 `json:"mode,omitempty"`
+	UID  uint32 `json:"uid,omitempty"`
+	GID  uint32 `json:"gid,omitempty"`
+	Why  string `json:"why"`
+}
+
+// Skipped is a policy path that will not be available inside.
+type Skipped struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// Landlock is the allowlist re-applied by Landlock on top of the mount tree.
+type Landlock struct {
+	Compatibility string   `json:"compatibility"`
+	ABI           int      `json:"abi"`
+	ReadOnly      []string `json:"read_only"`
+	ReadWrite     []string `json:"read_write"`
+}
+
+// SeccompRule is one line of the filter, for explain.
+type SeccompRule struct {
+	Syscalls  []string `json:"syscalls"`
+	Action    string   `json:"action"`
+	Condition string   `json:"condition,omitempty"`
+	Reason    string   `json:"reason"`
+}
+
+// Seccomp names the profile; the init rebuilds the filter from the name so
+// the BPF program is never carried in the plan.
+type Seccomp struct {
+	Profile string        `json:"profile"`
+	NetMode string        `json:"net_mode"`
+	Rules   []SeccompRule `json:"rules"`
+}
+
+// Limits are the resource limits and how each is enforced here.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	Pids        int64   `json:"pids"`
+	CPUCores    float64 `json:"cpu_cores"`
+	WalltimeMS  int64   `json:"walltime_ms"`
+	// Enforcement says per limit how this host enforces it.
+	Enforcement []string `json:"enforcement"`
+	// Enforced is false when no cgroup can be created here.
+	Enforced bool `json:"enforced"`
+	// NotEnforced lists the limits this host cannot enforce, with why.
+	NotEnforced []string `json:"not_enforced,omitempty"`
+}
+
+// Network is the network plan.
+type Network struct {
+	Mode        string `json:"mode"`
+	Description string `json:"description"`
+}
+
+// State describes /scratch.
+type State struct {
+	Mode string `json:"mode"`
+	// HostDir is where /scratch lives on the host; empty when there is none.
+	HostDir string `json:"host_dir,omitempty"`
+}

@@ -1,0 +1,54 @@
+package policy
+
+import (
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("version: 1\n"))
+	f.Add(defaultYAML)
+	f.Add([]byte("version: 1\nnetwork:\n  allow: [\"api.github.com:443\", \"*.pypi.org\", \"10.1.0.0/16:5432\"]\n"))
+	f.Add([]byte("version: 1\nnetwork_policies:\n  gh:\n    endpoints:\n      - host: api.github.com\n        port: 443\n        protocol: rest\n        tls: terminate\n        rules: [{allow: {method: GET, path: \"/**\", query: {a: b}}}]\n        deny_rules: [{method: DELETE, path: /x}]\n    binaries: [{path: /usr/bin/curl}]\n"))
+	f.Add([]byte("version: 1\nlimits: &l {pids: 5}\nfilesystem_policy: {<<: *l}\n"))
+	f.Add([]byte("version: 1\nprocess: {run_as_user: 0}\nlimits: {memory: 1.5g, cpu: .nan}\n"))
+	f.Add([]byte("{version: 1, state: scratch}\n---\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st := time.Now()
+		defer func() {
+			if d := time.Since(st); d > 300*time.Millisecond {
+				t.Fatalf("slow: %v for %d bytes", d, len(data))
+			}
+		}()
+		p, err := Parse(data, "fuzz")
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error message")
+			}
+			return
+		}
+		if err := p.Validate(); err != nil {
+			t.Fatalf("parsed policy fails Validate: %v", err)
+		}
+		h := p.SHA256()
+		if h == "" {
+			t.Fatal("valid policy cannot be hashed")
+		}
+		_ = p.Warnings()
+		_ = p.EffectiveNetworkPolicies()
+		// What we accept must survive a YAML round trip unchanged.
+		out, err := yaml.Marshal(p)
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		q, err := Parse(out, "roundtrip")
+		if err != nil {
+			t.Fatalf("re-parse of\n%s\nfailed: %v", out, err)
+		}
+		if q.SHA256() != h {
+			t.Fatalf("round trip changed the hash:\n%s", out)
+		}
+	})
+}

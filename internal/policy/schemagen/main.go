@@ -1,0 +1,22 @@
+// Command schemagen prints the policy JSON Schema. Run it from the module
+// root as: go run ./internal/policy/schemagen > schema/policy.schema.json
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+func main() {
+	b, err := policy.JSONSchema()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "schemagen:", err)
+		os.Exit(1)
+	}
+	if _, err := os.Stdout.Write(b); err != nil {
+		fmt.Fprintln(os.Stderr, "schemagen:", err)
+		os.Exit(1)
+	}
+}

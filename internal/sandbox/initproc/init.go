@@ -1,0 +1,173 @@
+package initproc
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// forwarded are the signals the init passes on to the workload's process
+// group; SIGWINCH reaches it from the terminal itself.
+var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
+
+// InitMain is PID 1 of the sandbox. Its order is fixed: read the config,
+// build the root, name the host, bring up loopback, start the exec stage,
+// then reap until the workload exits. It returns the process exit code.
+func InitMain() int {
+	sup := os.NewFile(3, "supervisor")
+	in := bufio.NewReader(sup)
+	var msg Message
+	if err := readMessage(in, &msg); err != nil || msg.Config == nil {
+		fmt.Fprintf(os.Stderr, "corral init: read config: %v\n", err)
+		return 125
+	}
+	cfg := msg.Config
+
+	// The supervisor sees EOF on its socket only when we exit; we see EOF
+	// when it dies, and then the sandbox must die with it.
+	go func() {
+		_, _ = io.Copy(io.Discard, in)
+		_ = unix.Kill(-1, unix.SIGKILL)
+		os.Exit(137)
+	}()
+
+	fail := func(e *StepError) int {
+		_ = Send(sup, Message{Type: MsgError, Step: e.Step, Error: e.Err.Error(), Code: e.Code})
+		return e.Code
+	}
+	if err := buildRoot(&cfg.Plan, cfg.RootDir); err != nil {
+		return fail(stepErr("build root filesystem", err))
+	}
+	if err := unix.Sethostname([]byte(cfg.Plan.Hostname)); err != nil {
+		return fail(stepErr("set hostname", err))
+	}
+	if err := loopbackUp(); err != nil {
+		return fail(stepErr("bring up loopback", err))
+	}
+
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, forwarded...)
+	chld := make(chan os.Signal, 16)
+	signal.Notify(chld, unix.SIGCHLD)
+
+	pid, serr := startExec(cfg)
+	if serr != nil {
+		return fail(serr)
+	}
+	_ = Send(sup, Message{Type: MsgStarted, PID: pid})
+
+	for {
+		select {
+		case s := <-sigs:
+			// The workload leads its own session, so its pid is its
+			// process group; a shell's jobs get the signal too.
+			_ = unix.Kill(-pid, s.(syscall.Signal))
+		case <-chld:
+			if code, sig, done := reap(pid); done {
+				_ = Send(sup, Message{Type: MsgExited, Code: code, Signal: sig})
+				return code
+			}
+		}
+	}
+}
+
+// reap collects every exited child (orphans re-parent to us) and reports
+// whether the workload itself has exited.
+func reap(workload int) (code, sig int, done bool) {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err != nil || pid <= 0 {
+			return code, sig, done
+		}
+		if pid != workload {
+			continue
+		}
+		done = true
+		switch {
+		case ws.Exited():
+			code = ws.ExitStatus()
+		case ws.Signaled():
+			sig = int(ws.Signal())
+			code = 128 + sig
+		}
+	}
+}
+
+// startExec starts the exec stage in the new root and waits until it has
+// either exec'd the workload (its end of the socket closes on exec) or
+// reported why it could not.
+func startExec(cfg *Config) (int, *StepError) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, stepErr("create exec socket", err)
+	}
+	parent := os.NewFile(uintptr(fds[0]), "exec-parent")
+	child := os.NewFile(uintptr(fds[1]), "exec-child")
+	defer parent.Close()
+
+	cmd := exec.Command("/proc/self/exe", ExecArg)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: cfg.TTY, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		child.Close()
+		return 0, stepErr("start exec stage", err)
+	}
+	child.Close()
+	if err := Send(parent, Message{Type: MsgConfig, Config: cfg}); err != nil {
+		return 0, stepErr("send config to exec stage", err)
+	}
+	var reply Message
+	err = readMessage(bufio.NewReader(parent), &reply)
+	if errors.Is(err, io.EOF) {
+		return cmd.Process.Pid, nil
+	}
+	// The stage has failed and is exiting; collect it so it is not a zombie.
+	_, _ = cmd.Process.Wait()
+	if err != nil {
+		return 0, stepErr("exec stage", err)
+	}
+	return 0, &StepError{Step: reply.Step, Code: reply.Code, Err: errors.New(reply.Error)}
+}
+
+func readMessage(r *bufio.Reader, m *Message) error {
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		if len(line) == 0 {
+			return err
+		}
+	}
+	return json.Unmarshal(line, m)
+}
+
+// loopbackUp sets IFF_UP on lo with the classic ioctl: the new network
+// namespace starts with loopback down and nothing else.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
+}

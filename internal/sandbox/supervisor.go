@@ -1,0 +1,371 @@
+// Package sandbox is the supervisor side of one sandbox: it starts the
+// in-namespace init, puts it in its cgroup, forwards signals, enforces the
+// walltime, reports how the workload ended, and removes every piece of host
+// state it made, whatever happens.
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
+)
+
+// Exit codes corral itself reports.
+const (
+	ExitWalltime    = 124
+	ExitSetupFailed = 125
+)
+
+// Grace is how long the workload has between SIGTERM and SIGKILL.
+const Grace = 5 * time.Second
+
+// Kill reasons in sandbox.killed events.
+const (
+	ReasonWalltime = "walltime_exceeded"
+	ReasonOOM      = "oom"
+	ReasonSeccomp  = "seccomp"
+	ReasonSignal   = "signal"
+)
+
+// Options describe one run.
+type Options struct {
+	ID, Session string
+	Plan        *plan.Plan
+	Argv, Env   []string
+	StateDir    string
+	Cgroups     cgroup.Facts
+	Walltime    time.Duration
+	Audit       *audit.Logger
+	Log         *slog.Logger
+	PolicySHA   string
+	// UncagedReason is set when the command runs without a sandbox.
+	UncagedReason string
+	Stdin         *os.File
+	Stdout        *os.File
+	Stderr        *os.File
+}
+
+// Run runs the workload and returns the exit code corral should exit with.
+// An error means corral failed before the workload ran (code 125) or the
+// workload could not be executed (126/127); it has been audited already.
+func Run(ctx context.Context, o Options) (int, error) {
+	if o.UncagedReason != "" {
+		return runUncaged(ctx, o)
+	}
+	s := &supervisor{Options: o, start: time.Now()}
+	return s.run(ctx)
+}
+
+type supervisor struct {
+	Options
+	start time.Time
+	run_  *runDir
+	cg    *cgroup.Cgroup
+	cmd   *exec.Cmd
+}
+
+func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
+	defer func() {
+		// One cleanup path for every outcome, so nothing is left behind
+		// whether set-up failed half-way or the workload ran.
+		if s.cg != nil {
+			if err := s.cg.Kill(); err != nil {
+				s.Log.Warn("kill sandbox cgroup", "err", err)
+			}
+			if err := s.cg.Delete(); err != nil {
+				s.Log.Warn("remove sandbox cgroup", "err", err)
+			}
+		}
+		if s.run_ != nil {
+			if err := s.run_.remove(); err != nil {
+				s.Log.Warn("remove run directory", "err", err)
+			}
+		}
+		if retErr != nil {
+			var se *initproc.StepError
+			step := "start sandbox"
+			if errors.As(retErr, &se) {
+				step = se.Step
+			}
+			s.Audit.Emit(audit.SandboxSetupError, "step", step, "error", retErr.Error(), "code", code)
+		}
+	}()
+
+	var err error
+	if s.run_, err = newRunDir(s.StateDir, s.ID); err != nil {
+		return ExitSetupFailed, err
+	}
+	if err := s.prepareScratch(); err != nil {
+		return ExitSetupFailed, err
+	}
+	if err := s.createCgroup(); err != nil {
+		return ExitSetupFailed, err
+	}
+
+	term, err := newTerminal(s.Stdin)
+	if err != nil {
+		return ExitSetupFailed, fmt.Errorf("set up terminal: %w", err)
+	}
+	defer term.restore()
+
+	sup, initSock, err := socketPair()
+	if err != nil {
+		return ExitSetupFailed, err
+	}
+	defer sup.Close()
+
+	s.cmd = exec.Command("/proc/self/exe", initproc.InitArg)
+	s.cmd.Args[0] = "corral-init"
+	s.cmd.Env = []string{}
+	s.cmd.ExtraFiles = []*os.File{initSock}
+	s.cmd.SysProcAttr = s.sysProcAttr()
+	s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = s.Stdin, s.Stdout, s.Stderr
+	if term != nil {
+		s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = term.slave, term.slave, term.slave
+	}
+
+	done := make(chan struct{})
+	if err := s.startInit(done); err != nil {
+		initSock.Close()
+		return ExitSetupFailed, fmt.Errorf("start sandbox init: %w", err)
+	}
+	initSock.Close()
+	if term != nil {
+		term.slave.Close()
+		term.pump()
+	}
+	defer func() {
+		if s.cmd.ProcessState == nil {
+			_ = s.cmd.Process.Kill()
+			<-done
+		}
+	}()
+
+	if s.cg != nil {
+		if err := s.cg.AddProc(s.cmd.Process.Pid); err != nil {
+			return ExitSetupFailed, fmt.Errorf("move sandbox into its cgroup: %w", err)
+		}
+	}
+	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, TTY: term != nil, RootDir: s.run_.root()}
+	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
+		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
+	}
+
+	msgs := make(chan initproc.Message, 4)
+	go readMessages(sup, msgs)
+
+	first, ok := <-msgs
+	switch {
+	case !ok:
+		<-done
+		return ExitSetupFailed, fmt.Errorf("sandbox init exited during set-up (%s)", s.cmd.ProcessState)
+	case first.Type == initproc.MsgError:
+		<-done
+		return first.Code, &initproc.StepError{Step: first.Step, Code: first.Code, Err: errors.New(first.Error)}
+	case first.Type != initproc.MsgStarted:
+		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
+	}
+	s.Audit.Emit(audit.SandboxStart,
+		"summary", s.Plan.Summary(s.ID),
+		"policy_sha256", s.PolicySHA,
+		"pid", s.cmd.Process.Pid,
+		"argv", s.Argv,
+		"workdir", s.Plan.Workdir,
+		"uid", s.Plan.User.UID, "gid", s.Plan.User.GID,
+		"rootless", s.Plan.Rootless,
+		"landlock_abi", s.Plan.Landlock.ABI,
+		"seccomp", s.Plan.Seccomp.Profile,
+		"network", s.Plan.Network.Mode,
+		"limits_enforced", s.cg != nil,
+	)
+	return s.wait(ctx, term, msgs, done), nil
+}
+
+// startInit starts the init from a goroutine locked to its OS thread for the
+// child's whole life: Pdeathsig fires when the thread that forked dies, and
+// an unlocked thread may be retired by the Go runtime at any time.
+func (s *supervisor) startInit(done chan<- struct{}) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := s.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = s.cmd.Wait()
+		close(done)
+	}()
+	return <-started
+}
+
+func (s *supervisor) sysProcAttr() *syscall.SysProcAttr {
+	attr := &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS |
+			unix.CLONE_NEWCGROUP | unix.CLONE_NEWNET,
+		Pdeathsig: unix.SIGKILL,
+	}
+	if s.Plan.Rootless {
+		u := s.Plan.User
+		attr.Cloneflags |= unix.CLONE_NEWUSER
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: int(u.UID), HostID: os.Getuid(), Size: 1}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: int(u.GID), HostID: os.Getgid(), Size: 1}}
+		attr.GidMappingsEnableSetgroups = false
+		// The init runs as the invoking user inside its namespace and needs
+		// these to build the root; the exec stage drops them all.
+		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP}
+	}
+	return attr
+}
+
+// wait lets the workload run to its end and turns that end into corral's
+// exit code and audit events.
+func (s *supervisor) wait(ctx context.Context, term *terminal, msgs <-chan initproc.Message, done <-chan struct{}) int {
+	final := make(chan *initproc.Message, 1)
+	go func() {
+		var exited *initproc.Message
+		for m := range msgs {
+			if m.Type == initproc.MsgExited {
+				exited = &m
+			}
+		}
+		final <- exited
+	}()
+	pid := s.cmd.Process.Pid
+	timedOut := watchdog{
+		signal:   func(sig syscall.Signal) { _ = unix.Kill(pid, sig) },
+		resize:   term.resize,
+		walltime: s.Walltime,
+		start:    s.start,
+		log:      s.Log,
+	}.run(ctx, done)
+	// The socket reaches EOF once the init is gone, so this cannot block.
+	return s.finish(<-final, timedOut)
+}
+
+func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
+	code, sig := 0, 0
+	if exited != nil {
+		code, sig = exited.Code, exited.Signal
+	} else if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		sig = int(ws.Signal())
+		code = 128 + sig
+	} else {
+		code = s.cmd.ProcessState.ExitCode()
+	}
+	reason := ""
+	switch {
+	case timedOut:
+		reason, code = ReasonWalltime, ExitWalltime
+	case s.cg != nil && s.oomKilled():
+		reason = ReasonOOM
+	case sig == int(unix.SIGSYS):
+		reason = ReasonSeccomp
+	case sig != 0:
+		reason = ReasonSignal
+	}
+	if reason != "" {
+		fields := []any{"reason", reason}
+		if sig != 0 {
+			fields = append(fields, "signal", unix.SignalName(syscall.Signal(sig)))
+		}
+		s.Audit.Emit(audit.SandboxKilled, fields...)
+		s.Log.Warn("sandbox killed", fields...)
+	}
+	s.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(s.start).Milliseconds())
+	return code
+}
+
+func (s *supervisor) oomKilled() bool {
+	oom, err := s.cg.OOMKilled()
+	if err != nil {
+		s.Log.Warn("read OOM state of sandbox cgroup", "err", err)
+	}
+	return oom
+}
+
+func (s *supervisor) createCgroup() error {
+	l := s.Plan.Limits
+	if len(l.NotEnforced) > 0 {
+		// Never silent: the plan's warnings were logged, and every run
+		// records which limits it ran without.
+		s.Audit.Emit(audit.SandboxLimitsNotEnforced, "reason", s.Cgroups.Reason, "limits", l.NotEnforced)
+	}
+	if !l.Enforced {
+		return nil
+	}
+	cg, err := cgroup.Create(s.Cgroups, s.ID, cgroup.Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPUCores: l.CPUCores})
+	if err != nil {
+		return fmt.Errorf("create cgroup for limits: %w", err)
+	}
+	s.cg = cg
+	return nil
+}
+
+// prepareScratch creates the host side of /scratch: fresh under the run
+// directory for ephemeral state, under the session for persistent scratch.
+func (s *supervisor) prepareScratch() error {
+	if s.Plan.State.HostDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(s.Plan.State.HostDir, 0o700); err != nil {
+		return fmt.Errorf("create scratch directory: %w", err)
+	}
+	return os.Lchown(s.Plan.State.HostDir, int(s.Plan.User.UID), int(s.Plan.User.GID))
+}
+
+func socketPair() (*os.File, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create init socket: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "init-sup"), os.NewFile(uintptr(fds[1]), "init-child"), nil
+}
+
+func readMessages(f *os.File, out chan<- initproc.Message) {
+	defer close(out)
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var m initproc.Message
+		if json.Unmarshal(sc.Bytes(), &m) == nil {
+			out <- m
+		}
+	}
+}
+
+// Sweep removes host state left by sandboxes whose supervisor was killed:
+// run directories and cgroups. It returns the ids it removed.
+func Sweep(stateDir string, facts cgroup.Facts) ([]string, error) {
+	swept, err := sweepRunDirs(stateDir)
+	var cgSwept []string
+	var cgErr error
+	if facts.Writable {
+		cgSwept, cgErr = cgroup.Sweep(facts, func(id string) bool { return isLive(stateDir, id) })
+	}
+	seen := map[string]bool{}
+	for _, id := range swept {
+		seen[id] = true
+	}
+	for _, id := range cgSwept {
+		if !seen[id] {
+			swept = append(swept, id)
+		}
+	}
+	return swept, errors.Join(err, cgErr)
+}

@@ -1,0 +1,48 @@
+// Package statedir names the places corral keeps host state, so that the
+// code creating them, the plan describing them and the sweeper removing them
+// agree on one layout:
+//
+//	<state>/audit.log                      default audit log
+//	<state>/run/<id>/                      one live sandbox (lock, root mountpoint)
+//	<state>/run/<id>/scratch               /scratch for state: ephemeral
+//	<state>/sessions/<session>/scratch     /scratch for state: scratch
+package statedir
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Default is /var/lib/corral for root and $XDG_STATE_HOME/corral
+// (~/.local/state/corral) for everyone else.
+func Default() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/corral"
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "corral")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), fmt.Sprintf("corral-%d", os.Getuid()))
+	}
+	return filepath.Join(home, ".local", "state", "corral")
+}
+
+// AuditLog is the default audit log.
+func AuditLog(state string) string { return filepath.Join(state, "audit.log") }
+
+// Runs holds one directory per live sandbox.
+func Runs(state string) string { return filepath.Join(state, "run") }
+
+// Run is one sandbox's directory.
+func Run(state, id string) string { return filepath.Join(Runs(state), id) }
+
+// Ephemeral is /scratch for state: ephemeral, removed with the run.
+func Ephemeral(state, id string) string { return filepath.Join(Run(state, id), "scratch") }
+
+// Session is /scratch for state: scratch, kept across runs of a session.
+func Session(state, session string) string {
+	return filepath.Join(state, "sessions", session, "scratch")
+}
