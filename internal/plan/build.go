@@ -308,7 +308,7 @@ func (b *builder) checkWritable(path, src string) {
 }
 
 func (b *builder) landlock() error {
-	ll := Landlock{Compatibility: policy.LandlockBestEffort, ABI: b.h.LandlockABI}
+	ll := Landlock{Compatibility: policy.LandlockBestEffort, ABI: b.h.LandlockABI, ListOnly: []string{"/"}}
 	if b.p.LandlockHard() {
 		ll.Compatibility = policy.LandlockHardRequirement
 	}

@@ -104,6 +104,9 @@ func (p *Plan) WriteText(w io.Writer) error {
 	for _, path := range p.Landlock.ReadWrite {
 		ew.printf("  rw %s\n", path)
 	}
+	for _, path := range p.Landlock.ListOnly {
+		ew.printf("  list %s (directory entries only)\n", path)
+	}
 
 	ew.printf("\nseccomp: profile %s, network mode %s, default action allow, TSYNC\n", p.Seccomp.Profile, p.Seccomp.NetMode)
 	for _, r := range p.Seccomp.Rules {

@@ -78,6 +78,8 @@ type Landlock struct {
 	ABI           int      `json:"abi"`
 	ReadOnly      []string `json:"read_only"`
 	ReadWrite     []string `json:"read_write"`
+	// ListOnly directories can be listed but grant nothing inside.
+	ListOnly []string `json:"list_only"`
 }
 
 // SeccompRule is one line of the filter, for explain.

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"testing"
-	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -16,12 +15,6 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("version: 1\nprocess: {run_as_user: 0}\nlimits: {memory: 1.5g, cpu: .nan}\n"))
 	f.Add([]byte("{version: 1, state: scratch}\n---\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		st := time.Now()
-		defer func() {
-			if d := time.Since(st); d > 300*time.Millisecond {
-				t.Fatalf("slow: %v for %d bytes", d, len(data))
-			}
-		}()
 		p, err := Parse(data, "fuzz")
 		if err != nil {
 			if err.Error() == "" {

@@ -117,10 +117,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, err
 	}
 
-	term, err := newTerminal(s.Stdin)
-	if err != nil {
-		return ExitSetupFailed, fmt.Errorf("set up terminal: %w", err)
-	}
+	term := newTerminal(s.Stdin)
 	defer term.restore()
 
 	sup, initSock, err := socketPair()
@@ -135,9 +132,6 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.cmd.ExtraFiles = []*os.File{initSock}
 	s.cmd.SysProcAttr = s.sysProcAttr()
 	s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = s.Stdin, s.Stdout, s.Stderr
-	if term != nil {
-		s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = term.slave, term.slave, term.slave
-	}
 
 	done := make(chan struct{})
 	if err := s.startInit(done); err != nil {
@@ -145,10 +139,6 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("start sandbox init: %w", err)
 	}
 	initSock.Close()
-	if term != nil {
-		term.slave.Close()
-		term.pump()
-	}
 	defer func() {
 		if s.cmd.ProcessState == nil {
 			_ = s.cmd.Process.Kill()
@@ -166,6 +156,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
 
+	if term != nil {
+		if err := s.attachTerminal(sup, term); err != nil {
+			return exitCode(err), err
+		}
+	}
 	msgs := make(chan initproc.Message, 4)
 	go readMessages(sup, msgs)
 
@@ -194,6 +189,33 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		"limits_enforced", s.cg != nil,
 	)
 	return s.wait(ctx, term, msgs, done), nil
+}
+
+// attachTerminal receives the master side of the pty the init allocated.
+func (s *supervisor) attachTerminal(sup *os.File, term *terminal) error {
+	m, master, err := initproc.RecvFD(sup)
+	if err != nil {
+		return fmt.Errorf("receive terminal from sandbox init: %w", err)
+	}
+	if m.Type == initproc.MsgError {
+		return &initproc.StepError{Step: m.Step, Code: m.Code, Err: errors.New(m.Error)}
+	}
+	if master == nil {
+		return fmt.Errorf("sandbox init sent %q instead of a terminal", m.Type)
+	}
+	if err := term.attach(master); err != nil {
+		return fmt.Errorf("put terminal in raw mode: %w", err)
+	}
+	return nil
+}
+
+// exitCode is the code a set-up error maps to.
+func exitCode(err error) int {
+	var se *initproc.StepError
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	return ExitSetupFailed
 }
 
 // startInit starts the init from a goroutine locked to its OS thread for the
@@ -330,7 +352,9 @@ func (s *supervisor) prepareScratch() error {
 }
 
 func socketPair() (*os.File, *os.File, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	// SEQPACKET keeps message boundaries, so a message carrying a file
+	// descriptor is never merged with the next one.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create init socket: %w", err)
 	}

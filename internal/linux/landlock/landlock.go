@@ -54,7 +54,11 @@ const (
 type Config struct {
 	ReadOnly  []string
 	ReadWrite []string
-	Compat    Compatibility
+	// ListOnly directories may be listed (READ_DIR) but grant no access to
+	// the files in them. The sandbox's root is one: its entries are exactly
+	// the policy's mountpoints, and tools expect `ls /` to work.
+	ListOnly []string
+	Compat   Compatibility
 }
 
 // Skipped is a path (or, with an empty Path, Landlock as a whole) that was
@@ -162,6 +166,7 @@ type planned struct {
 	roFiles    []string
 	rwDirs     []string
 	rwFiles    []string
+	listDirs   []string
 }
 
 func plan(cfg Config, abi int, unavailable error, stat func(string) (bool, error)) (planned, error) {
@@ -224,6 +229,19 @@ func plan(cfg Config, abi int, unavailable error, stat func(string) (bool, error
 			return p, err
 		}
 	}
+	list, err := cleanPaths(cfg.ListOnly)
+	if err != nil {
+		return p, err
+	}
+	var notDirs []string
+	for _, path := range list {
+		if err := add(path, "list", &p.listDirs, &notDirs); err != nil {
+			return p, err
+		}
+	}
+	if len(notDirs) > 0 {
+		return p, fmt.Errorf("landlock: list-only paths must be directories: %v", notDirs)
+	}
 	return p, nil
 }
 
@@ -283,5 +301,6 @@ func (p planned) rules(ignoreMissing bool) []ll.Rule {
 	}
 	add(rwDirs, p.rwDirs)
 	add(rwFiles, p.rwFiles)
+	add(ll.PathAccess(llsys.AccessFSReadDir, p.listDirs...), p.listDirs)
 	return rules
 }

@@ -59,7 +59,7 @@ func becomeWorkload(cfg *Config) error {
 		return stepErr("verify privileges dropped", err)
 	}
 	if _, err := landlock.Apply(landlock.Config{
-		ReadOnly: p.Landlock.ReadOnly, ReadWrite: p.Landlock.ReadWrite,
+		ReadOnly: p.Landlock.ReadOnly, ReadWrite: p.Landlock.ReadWrite, ListOnly: p.Landlock.ListOnly,
 		Compat: landlock.Compatibility(p.Landlock.Compatibility),
 	}); err != nil {
 		return stepErr("apply landlock", err)

@@ -23,9 +23,16 @@ var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT
 // then reap until the workload exits. It returns the process exit code.
 func InitMain() int {
 	sup := os.NewFile(3, "supervisor")
-	in := bufio.NewReader(sup)
+	unix.CloseOnExec(3)
+	// One SEQPACKET read returns one whole message; a smaller buffer
+	// would silently truncate it.
+	buf := make([]byte, 4<<20)
+	n, err := sup.Read(buf)
 	var msg Message
-	if err := readMessage(in, &msg); err != nil || msg.Config == nil {
+	if err == nil {
+		err = json.Unmarshal(buf[:n], &msg)
+	}
+	if err != nil || msg.Config == nil {
 		fmt.Fprintf(os.Stderr, "corral init: read config: %v\n", err)
 		return 125
 	}
@@ -34,7 +41,7 @@ func InitMain() int {
 	// The supervisor sees EOF on its socket only when we exit; we see EOF
 	// when it dies, and then the sandbox must die with it.
 	go func() {
-		_, _ = io.Copy(io.Discard, in)
+		_, _ = io.Copy(io.Discard, sup)
 		_ = unix.Kill(-1, unix.SIGKILL)
 		os.Exit(137)
 	}()
@@ -53,12 +60,21 @@ func InitMain() int {
 		return fail(stepErr("bring up loopback", err))
 	}
 
+	stdio := []*os.File{os.Stdin, os.Stdout, os.Stderr}
+	if cfg.TTY {
+		slave, err := allocatePTY(sup, cfg.Plan.User.UID, cfg.Plan.User.GID)
+		if err != nil {
+			return fail(stepErr("allocate terminal", err))
+		}
+		stdio = []*os.File{slave, slave, slave}
+	}
+
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, forwarded...)
 	chld := make(chan os.Signal, 16)
 	signal.Notify(chld, unix.SIGCHLD)
 
-	pid, serr := startExec(cfg)
+	pid, serr := startExec(cfg, stdio)
 	if serr != nil {
 		return fail(serr)
 	}
@@ -105,7 +121,7 @@ func reap(workload int) (code, sig int, done bool) {
 // startExec starts the exec stage in the new root and waits until it has
 // either exec'd the workload (its end of the socket closes on exec) or
 // reported why it could not.
-func startExec(cfg *Config) (int, *StepError) {
+func startExec(cfg *Config, stdio []*os.File) (int, *StepError) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, stepErr("create exec socket", err)
@@ -115,7 +131,7 @@ func startExec(cfg *Config) (int, *StepError) {
 	defer parent.Close()
 
 	cmd := exec.Command("/proc/self/exe", ExecArg)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], stdio[2]
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: cfg.TTY, Ctty: 0}
@@ -148,6 +164,35 @@ func readMessage(r *bufio.Reader, m *Message) error {
 		}
 	}
 	return json.Unmarshal(line, m)
+}
+
+// allocatePTY opens a pty in the sandbox's own devpts, gives the slave to
+// the workload's user and sends the master to the supervisor.
+func allocatePTY(sup *os.File, uid, gid uint32) (*os.File, error) {
+	master, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
+	}
+	defer unix.Close(master)
+	if err := unix.IoctlSetPointerInt(master, unix.TIOCSPTLCK, 0); err != nil {
+		return nil, fmt.Errorf("unlock pty: %w", err)
+	}
+	// TIOCGPTPEER opens the slave through the master, not by a path that
+	// something could have replaced.
+	fd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(master), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if errno != 0 {
+		return nil, fmt.Errorf("open pty slave: %w", errno)
+	}
+	slave := os.NewFile(fd, "pty-slave")
+	if err := unix.Fchown(int(fd), int(uid), int(gid)); err != nil {
+		slave.Close()
+		return nil, fmt.Errorf("give pty to uid %d: %w", uid, err)
+	}
+	if err := SendFD(sup, Message{Type: MsgPTY}, master); err != nil {
+		slave.Close()
+		return nil, fmt.Errorf("send pty to supervisor: %w", err)
+	}
+	return slave, nil
 }
 
 // loopbackUp sets IFF_UP on lo with the classic ioctl: the new network

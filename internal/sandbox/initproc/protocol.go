@@ -9,6 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/plan"
 )
@@ -25,6 +28,7 @@ const (
 	MsgStarted = "started" // init → supervisor: the workload's execve succeeded
 	MsgError   = "error"   // a set-up step failed; the workload never ran
 	MsgExited  = "exited"  // init → supervisor: the workload's wait status
+	MsgPTY     = "pty"     // init → supervisor: carries the pty master fd
 )
 
 // Config is what the init needs beyond the plan.
@@ -63,6 +67,43 @@ func Send(w io.Writer, m Message) error {
 	}
 	_, err = w.Write(append(b, '\n'))
 	return err
+}
+
+// SendFD writes one message carrying a file descriptor. The socket must be
+// SOCK_SEQPACKET so the descriptor stays attached to this message.
+func SendFD(sock *os.File, m Message, fd int) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode %s message: %w", m.Type, err)
+	}
+	return unix.Sendmsg(int(sock.Fd()), append(b, '\n'), unix.UnixRights(fd), nil, 0)
+}
+
+// RecvFD reads one message and the descriptor it carries, if any.
+func RecvFD(sock *os.File) (Message, *os.File, error) {
+	var m Message
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return m, nil, err
+	}
+	if n == 0 {
+		return m, nil, io.EOF
+	}
+	var f *os.File
+	if cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(cmsgs) == 1 {
+		if fds, err := unix.ParseUnixRights(&cmsgs[0]); err == nil && len(fds) == 1 {
+			f = os.NewFile(uintptr(fds[0]), "pty-master")
+		}
+	}
+	if err := json.Unmarshal(buf[:n], &m); err != nil {
+		if f != nil {
+			f.Close()
+		}
+		return m, nil, fmt.Errorf("decode message: %w", err)
+	}
+	return m, f, nil
 }
 
 // StepError is a failed set-up step with the exit code it maps to.
