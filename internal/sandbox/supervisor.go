@@ -96,6 +96,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 				s.Log.Warn("remove run directory", "err", err)
 			}
 		}
+		s.phase("cleaned up")
 		if retErr != nil {
 			var se *initproc.StepError
 			step := "start sandbox"
@@ -116,6 +117,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	if err := s.createCgroup(); err != nil {
 		return ExitSetupFailed, err
 	}
+	s.phase("cgroup ready")
 
 	term := newTerminal(s.Stdin)
 	defer term.restore()
@@ -164,6 +166,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	msgs := make(chan initproc.Message, 4)
 	go readMessages(sup, msgs)
 
+	s.phase("init started")
 	first, ok := <-msgs
 	switch {
 	case !ok:
@@ -175,6 +178,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	case first.Type != initproc.MsgStarted:
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
 	}
+	s.phase("workload running")
 	s.Audit.Emit(audit.SandboxStart,
 		"summary", s.Plan.Summary(s.ID),
 		"policy_sha256", s.PolicySHA,
@@ -189,6 +193,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		"limits_enforced", s.cg != nil,
 	)
 	return s.wait(ctx, term, msgs, done), nil
+}
+
+// phase logs set-up progress with the time since start, for --log-level debug.
+func (s *supervisor) phase(what string) {
+	s.Log.Debug(what, "elapsed", time.Since(s.start))
 }
 
 // attachTerminal receives the master side of the pty the init allocated.
@@ -277,6 +286,7 @@ func (s *supervisor) wait(ctx context.Context, term *terminal, msgs <-chan initp
 		log:      s.Log,
 	}.run(ctx, done)
 	// The socket reaches EOF once the init is gone, so this cannot block.
+	s.phase("workload exited")
 	return s.finish(<-final, timedOut)
 }
 

@@ -31,7 +31,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -298,24 +297,22 @@ func v2Controllers(base string) (map[string]bool, []string) {
 	return avail, why
 }
 
-// probe checks that a cgroup can be created in dir by creating and removing
-// one. It stays out of corral/ so it never races with a Create or Sweep of
-// another supervisor. Errors carry only the errno: callers name the dir.
+// probe checks that a cgroup can be created in dir. Creating and removing a
+// throw-away cgroup would be exact but costs milliseconds on every start
+// (v1 rmdir is slow); write permission on the directory, checked with the
+// effective ids, answers the same question. Errors carry only the errno:
+// callers name the dir.
 func probe(dir string) error {
-	name := filepath.Join(dir, fmt.Sprintf(".corral-probe-%d-%d", os.Getpid(), time.Now().UnixNano()))
-	if err := unix.Mkdir(name, 0o755); err != nil {
-		switch {
-		case errors.Is(err, unix.EROFS):
-			return fmt.Errorf("%w (the cgroup filesystem is mounted read-only, as in most containers)", err)
-		case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
-			return fmt.Errorf("%w (needs root or a delegated cgroup v2 subtree)", err)
-		}
-		return err
+	err := unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EROFS):
+		return fmt.Errorf("%w (the cgroup filesystem is mounted read-only, as in most containers)", err)
+	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
+		return fmt.Errorf("%w (needs root or a delegated cgroup v2 subtree)", err)
 	}
-	if err := unix.Rmdir(name); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("cannot remove probe cgroup %s: %w", name, err)
-	}
-	return nil
+	return err
 }
 
 func parseMountinfo(r io.Reader) ([]mount, error) {

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/policy/schema"
 )
 
 func main() {
-	b, err := policy.JSONSchema()
+	b, err := schema.Generate()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "schemagen:", err)
 		os.Exit(1)

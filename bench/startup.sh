@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Start-up cost of a sandbox: `corral run -- true` against
+# `bwrap --unshare-all ... true`, measured side by side in one hyperfine run
+# so machine noise hits both equally. Prints each mean and the ratio.
+#
+#   bench/startup.sh            # block mode (built-in default policy)
+#   RUNS=200 bench/startup.sh   # more runs
+#
+# Needs root (bwrap's --unshare-all and corral's cgroups), bubblewrap and
+# hyperfine (apt-get install bubblewrap hyperfine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runs=${RUNS:-100}
+for tool in bwrap hyperfine jq; do
+	command -v "$tool" >/dev/null || { echo "bench/startup.sh: $tool is required (apt-get install bubblewrap hyperfine jq)" >&2; exit 2; }
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+CGO_ENABLED=0 go build -o "$work/corral" ./cmd/corral
+mkdir -p "$work/proj" "$work/state"
+
+corral="$work/corral run --log-level error --state-dir $work/state --workdir $work/proj -- true"
+bwrap="bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
+
+hyperfine --style basic --warmup 10 --runs "$runs" --export-json "$work/result.json" \
+	-n corral "$corral" -n bwrap "$bwrap" >&2
+
+jq -r '
+  (.results | map({(.command): .}) | add) as $r
+  | "corral mean \($r.corral.mean * 1000 | . * 100 | round / 100) ms (median \($r.corral.median * 1000 | . * 100 | round / 100) ms)",
+    "bwrap  mean \($r.bwrap.mean * 1000 | . * 100 | round / 100) ms (median \($r.bwrap.median * 1000 | . * 100 | round / 100) ms)",
+    "ratio corral/bwrap (mean): \($r.corral.mean / $r.bwrap.mean | . * 100 | round / 100)x",
+    "ratio corral/bwrap (median): \($r.corral.median / $r.bwrap.median | . * 100 | round / 100)x"
+' "$work/result.json"
