@@ -107,6 +107,9 @@ func (p *Plan) WriteText(w io.Writer) error {
 	for _, path := range p.Landlock.ListOnly {
 		ew.printf("  list %s (directory entries only)\n", path)
 	}
+	if p.Landlock.ABI >= 6 {
+		ew.printf("  scope: signals and abstract UNIX sockets cannot leave the sandbox's Landlock domain\n")
+	}
 
 	ew.printf("\nseccomp: profile %s, network mode %s, default action allow, TSYNC\n", p.Seccomp.Profile, p.Seccomp.NetMode)
 	for _, r := range p.Seccomp.Rules {

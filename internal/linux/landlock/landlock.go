@@ -126,10 +126,16 @@ func Apply(cfg Config) (Result, error) {
 	}
 
 	llcfg := abiConfigs[p.res.ABI]
+	// Network rights stay unhandled (the network namespace and seccomp
+	// govern the network); IPC scoping (ABI >= 6) is kept: the workload
+	// cannot signal processes outside its domain, such as the sandbox's
+	// init, nor reach abstract UNIX sockets created outside it, such as the
+	// host's when the policy shares the host network.
+	llcfg.HandledAccessNet = 0
 	if p.bestEffort {
 		llcfg = llcfg.BestEffort()
 	}
-	if err := llcfg.RestrictPaths(p.rules(p.bestEffort)...); err != nil {
+	if err := llcfg.Restrict(p.rules(p.bestEffort)...); err != nil {
 		return Result{}, fmt.Errorf("landlock: restricting to ABI %d ruleset: %w", p.res.ABI, err)
 	}
 	return p.res, nil

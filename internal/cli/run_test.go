@@ -1,0 +1,47 @@
+package cli
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/corral-sandbox/corral/internal/plan"
+)
+
+func TestWorkloadEnvKeepsOnlySafeVariables(t *testing.T) {
+	host := []string{"PATH=/bin", "HOME=/root", "SECRET_TOKEN=hunter2", "AWS_SECRET_ACCESS_KEY=x",
+		"LANG=C.UTF-8", "LC_ALL=C", "TERM=xterm", "SSH_AUTH_SOCK=/run/agent", "TZ=UTC", "USER=root"}
+	u := plan.User{Name: "nobody", Home: "/home/nobody"}
+	env := workloadEnv(host, u, false, []string{"CI=1", "PATH=/opt/bin"})
+	want := []string{"PATH=/opt/bin", "LANG=C.UTF-8", "LC_ALL=C", "TERM=xterm", "TZ=UTC",
+		"HOME=/home/nobody", "USER=nobody", "LOGNAME=nobody", "CORRAL_SANDBOX=1", "CI=1"}
+	if !slices.Equal(env, want) {
+		t.Fatalf("env =\n%v\nwant\n%v", env, want)
+	}
+	for _, kv := range env {
+		if strings.Contains(kv, "SECRET") || strings.HasPrefix(kv, "SSH_AUTH_SOCK") {
+			t.Errorf("leaked %s", kv)
+		}
+	}
+}
+
+func TestParseEnvFlags(t *testing.T) {
+	t.Setenv("CORRAL_TEST_PASS", "v1")
+	got, err := parseEnvFlags([]string{"A=b=c", "EMPTY="}, []string{"CORRAL_TEST_PASS"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"CORRAL_TEST_PASS=v1", "A=b=c", "EMPTY="}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for _, bad := range []struct{ set, pass []string }{
+		{[]string{"NOEQUALS"}, nil},
+		{[]string{"=v"}, nil},
+		{[]string{"A B=c"}, nil},
+		{nil, []string{"CORRAL_TEST_SURELY_UNSET"}},
+	} {
+		if _, err := parseEnvFlags(bad.set, bad.pass); err == nil {
+			t.Errorf("parseEnvFlags(%v, %v) accepted bad input", bad.set, bad.pass)
+		}
+	}
+}
