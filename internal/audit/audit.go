@@ -23,6 +23,12 @@ const (
 	SandboxSetupError        = "sandbox.setup_error"
 	SandboxStaleSwept        = "sandbox.stale_swept"
 	SandboxDegraded          = "sandbox.protection_degraded"
+
+	NetConnectAllowed = "net.connect.allowed"
+	NetConnectDenied  = "net.connect.denied"
+	NetDNSDenied      = "net.dns.denied"
+	PolicyReloaded    = "policy.reloaded"
+	PolicyReloadFail  = "policy.reload_failed"
 )
 
 // Field names shared by every event.

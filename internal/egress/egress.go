@@ -1,0 +1,138 @@
+// Package egress holds what every egress listener shares: the request and
+// decision types, the interfaces a listener is built from, and the Gate that
+// turns a connection attempt into a decision, an upstream connection and
+// exactly one audit event. Listener kinds (transparent, HTTP proxy, SOCKS5,
+// DNS) live in sub-packages and never decide or dial on their own.
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Via names the listener a request arrived on.
+const (
+	ViaTransparent = "transparent"
+	ViaHTTPConnect = "http_connect"
+	ViaHTTPForward = "http_forward"
+	ViaSOCKS5      = "socks5"
+)
+
+// Deny reasons. They appear in audit events and in replies to clients, so
+// they are stable identifiers, not prose.
+const (
+	ReasonNoPolicy        = "no_matching_policy"
+	ReasonBinary          = "binary_not_allowed"
+	ReasonIdentity        = "identity_unknown"
+	ReasonIntegrity       = "binary_integrity"
+	ReasonSNIMismatch     = "sni_mismatch"
+	ReasonHostMismatch    = "host_mismatch"
+	ReasonInternalAddress = "internal_address"
+	ReasonResolve         = "resolve_failed"
+	ReasonUpstream        = "upstream_unreachable"
+	ReasonEngine          = "decision_error"
+	ReasonLiteralIP       = "literal_ip_not_allowed"
+)
+
+// Identity is the process that opened a connection inside the sandbox.
+type Identity struct {
+	PID          int      `json:"pid"`
+	Binary       string   `json:"binary"`
+	BinarySHA256 string   `json:"binary_sha256,omitempty"`
+	Ancestors    []string `json:"ancestors,omitempty"`
+	CmdlinePaths []string `json:"cmdline_paths,omitempty"`
+}
+
+// Request is one connection attempt.
+type Request struct {
+	// Host is the destination name, lower-case without a trailing dot, when
+	// the client named one (or reached a synthetic address standing for
+	// one); empty for a literal IP destination.
+	Host string
+	// IP is the literal destination when Host is empty.
+	IP       netip.Addr
+	Port     uint16
+	Identity Identity
+	Via      string
+	// Source is the client's address inside the sandbox.
+	Source netip.AddrPort
+	// Sniffed is the name the client's first bytes announce: a TLS
+	// ClientHello's SNI or an HTTP/1 Host header (port stripped); empty
+	// when the protocol carries none.
+	Sniffed     string
+	SniffedKind string // "tls_sni" or "http_host"
+}
+
+// Target is the destination as people write it: host:port or ip:port.
+func (r Request) Target() string {
+	h := r.Host
+	if h == "" {
+		h = r.IP.String()
+	}
+	return net.JoinHostPort(h, fmt.Sprint(r.Port))
+}
+
+// Decision is the verdict on a Request. The zero value denies.
+type Decision struct {
+	Allow bool
+	// Policy is the network policy that matched, if any.
+	Policy string
+	// Reason is one of the Reason constants when denied.
+	Reason string
+	// Detail is a human explanation for logs and deny replies.
+	Detail string
+	// AllowedIPs are the matched endpoint's allowed_ips: internal addresses
+	// inside them may be dialled, others never.
+	AllowedIPs []netip.Prefix
+}
+
+// Decider evaluates requests against the current policy. Implementations
+// must be safe for concurrent use and must deny on any internal error.
+type Decider interface {
+	Decide(ctx context.Context, r Request) Decision
+	// NameAllowed reports whether some policy could allow a connection to
+	// host; the DNS server answers only such names.
+	NameAllowed(host string) bool
+}
+
+// Identifier finds the process owning the sandbox end of conn.
+type Identifier interface {
+	Identify(conn net.Conn) (Identity, error)
+}
+
+// Dialer connects upstream, from the host's network namespace, refusing
+// internal addresses unless allowed covers them.
+type Dialer interface {
+	Dial(ctx context.Context, r Request, allowed []netip.Prefix) (net.Conn, error)
+}
+
+// Names maps the synthetic addresses handed out by the sandbox's DNS server
+// back to the names they stand for.
+type Names interface {
+	Lookup(ip netip.Addr) (host string, ok bool)
+}
+
+// DenyError is returned when a request is refused; listeners turn it into
+// their protocol's refusal (403 JSON, SOCKS reply 0x02, RST).
+type DenyError struct {
+	Request  Request
+	Decision Decision
+}
+
+func (e *DenyError) Error() string {
+	msg := fmt.Sprintf("connection to %s denied: %s", e.Request.Target(), e.Decision.Reason)
+	if e.Decision.Detail != "" {
+		msg += " (" + e.Decision.Detail + ")"
+	}
+	return msg
+}
+
+// AsDeny returns the DenyError in err's chain, if any.
+func AsDeny(err error) (*DenyError, bool) {
+	var d *DenyError
+	ok := errors.As(err, &d)
+	return d, ok
+}

@@ -1,0 +1,96 @@
+package egress
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+)
+
+// Gate is the single path from a connection attempt to an upstream
+// connection: identify the caller, decide, check what the client's first
+// bytes claim, dial through the guarded dialer, and record one event. A
+// listener that calls Gate.Connect cannot forget a step.
+type Gate struct {
+	Decider    Decider
+	Dialer     Dialer
+	Identifier Identifier
+	Audit      *audit.Logger
+	Log        *slog.Logger
+}
+
+// Connect authorises r for the client connection and returns the upstream
+// connection. A refusal is a *DenyError; the event is already recorded.
+func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (net.Conn, error) {
+	start := time.Now()
+	d := g.decide(ctx, client, &r)
+	latency := time.Since(start)
+	if !d.Allow {
+		g.report(r, d, latency)
+		return nil, &DenyError{Request: r, Decision: d}
+	}
+	up, err := g.Dialer.Dial(ctx, r, d.AllowedIPs)
+	if err != nil {
+		if de, ok := AsDeny(err); ok {
+			d = de.Decision
+		} else {
+			d = Decision{Policy: d.Policy, Reason: ReasonUpstream, Detail: err.Error()}
+		}
+		g.report(r, d, latency)
+		return nil, &DenyError{Request: r, Decision: d}
+	}
+	g.report(r, d, latency)
+	return up, nil
+}
+
+func (g *Gate) decide(ctx context.Context, client net.Conn, r *Request) Decision {
+	if g.Identifier != nil {
+		id, err := g.Identifier.Identify(client)
+		if err != nil {
+			if de, ok := AsDeny(err); ok {
+				return de.Decision
+			}
+			return Decision{Reason: ReasonIdentity, Detail: err.Error()}
+		}
+		r.Identity = id
+	}
+	if r.Host != "" && r.Sniffed != "" && !strings.EqualFold(strings.TrimSuffix(r.Sniffed, "."), r.Host) {
+		reason := ReasonHostMismatch
+		if r.SniffedKind == "tls_sni" {
+			reason = ReasonSNIMismatch
+		}
+		return Decision{Reason: reason, Detail: r.SniffedKind + " " + r.Sniffed + " does not match " + r.Host}
+	}
+	if g.Decider == nil {
+		return Decision{Reason: ReasonEngine, Detail: "no decision engine"}
+	}
+	return g.Decider.Decide(ctx, *r)
+}
+
+// report writes the one structured event of a connection.
+func (g *Gate) report(r Request, d Decision, latency time.Duration) {
+	event := audit.NetConnectDenied
+	if d.Allow {
+		event = audit.NetConnectAllowed
+	}
+	kv := []any{
+		"via", r.Via, "source", r.Source.String(), "host", r.Host, "port", r.Port,
+		"binary", r.Identity.Binary, "pid", r.Identity.PID, "ancestors", r.Identity.Ancestors,
+		"cmdline_paths", r.Identity.CmdlinePaths, "policy", d.Policy, "decision_us", latency.Microseconds(),
+	}
+	if r.Host == "" {
+		kv = append(kv, "ip", r.IP.String())
+	}
+	if !d.Allow {
+		kv = append(kv, "reason", d.Reason, "detail", d.Detail)
+	}
+	if g.Audit != nil {
+		g.Audit.Emit(event, kv...)
+	}
+	if g.Log != nil && !d.Allow {
+		g.Log.Warn("network connection denied", "target", r.Target(), "binary", r.Identity.Binary, "reason", d.Reason, "detail", d.Detail)
+	}
+}
