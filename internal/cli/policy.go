@@ -10,7 +10,6 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
-	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 func newPolicyCmd() *cobra.Command {
@@ -18,7 +17,7 @@ func newPolicyCmd() *cobra.Command {
 		Use:   "policy",
 		Short: "Validate and explain sandbox policies",
 	}
-	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicyDefaultCmd())
+	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicySetCmd(), newPolicyDefaultCmd())
 	return cmd
 }
 
@@ -74,10 +73,7 @@ and the network plan. Nothing is started.`,
 			if err != nil {
 				return err
 			}
-			if stateDir == "" {
-				stateDir = statedir.Default()
-			}
-			pl, err := plan.Build(p, plan.Context{Workdir: wd, StateDir: stateDir, ID: "<id>", Session: "default"}, plan.LocalHost())
+			pl, err := plan.Build(p, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default"}, plan.LocalHost())
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}

@@ -46,7 +46,7 @@ the default seccomp profile and resource limits a laptop survives.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newPolicyCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd())
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {

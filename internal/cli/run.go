@@ -108,11 +108,8 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	if err != nil {
 		return setupFailed(err)
 	}
-	state := f.stateDir
-	if state == "" {
-		state = statedir.Default()
-	}
-	if state, err = filepath.Abs(state); err != nil {
+	state, err := filepath.Abs(orStateDir(f.stateDir))
+	if err != nil {
 		return setupFailed(err)
 	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
@@ -175,7 +172,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
-		Audit: aud, Log: log, PolicySHA: pol.SHA256(), UncagedReason: uncaged,
+		Audit: aud, Log: log, PolicySHA: pol.SHA256(), Policy: pol, UncagedReason: uncaged,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil || code != 0 {

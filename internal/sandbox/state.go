@@ -15,9 +15,9 @@ import (
 // lifetime (so a later run can tell a live sandbox from a stale one), the
 // empty directory the init mounts its root on, and the ephemeral scratch.
 type runDir struct {
-	path    string
-	scratch string
-	lock    *os.File
+	state, id string
+	path      string
+	lock      *os.File
 }
 
 func newRunDir(stateDir, id string) (*runDir, error) {
@@ -25,9 +25,9 @@ func newRunDir(stateDir, id string) (*runDir, error) {
 	if err := os.MkdirAll(filepath.Join(p, "root"), 0o700); err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
-	// The root mountpoint must be traversable by the init in a user
-	// namespace; its contents live only in the sandbox's mount namespace.
-	if err := os.Chmod(p, 0o711); err != nil {
+	// Only the supervisor's user (and the init, which is that user or root)
+	// may enter: the control socket lives here.
+	if err := os.Chmod(p, 0o700); err != nil {
 		return nil, err
 	}
 	f, err := os.OpenFile(filepath.Join(p, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
@@ -38,7 +38,7 @@ func newRunDir(stateDir, id string) (*runDir, error) {
 		f.Close()
 		return nil, fmt.Errorf("lock run directory %s: %w", p, err)
 	}
-	return &runDir{path: p, scratch: statedir.Ephemeral(stateDir, id), lock: f}, nil
+	return &runDir{state: stateDir, id: id, path: p, lock: f}, nil
 }
 
 func (r *runDir) root() string { return filepath.Join(r.path, "root") }
@@ -48,9 +48,10 @@ func (r *runDir) root() string { return filepath.Join(r.path, "root") }
 // host binds below it, a recursive delete would destroy host files.
 func (r *runDir) remove() error {
 	errs := []error{
-		os.RemoveAll(r.scratch),
+		os.RemoveAll(statedir.Ephemeral(r.state, r.id)),
 		ignoreNotExist(unix.Rmdir(r.root())),
 		ignoreNotExist(os.Remove(filepath.Join(r.path, "lock"))),
+		ignoreNotExist(os.Remove(statedir.Control(r.state, r.id))),
 	}
 	r.lock.Close()
 	errs = append(errs, ignoreNotExist(unix.Rmdir(r.path)))
@@ -99,7 +100,7 @@ func sweepRunDirs(stateDir string) ([]string, error) {
 			errs = append(errs, err)
 			continue
 		}
-		r := &runDir{path: statedir.Run(stateDir, e.Name()), scratch: statedir.Ephemeral(stateDir, e.Name()), lock: f}
+		r := &runDir{state: stateDir, id: e.Name(), path: statedir.Run(stateDir, e.Name()), lock: f}
 		if f == nil {
 			r.lock, _ = os.Open(os.DevNull)
 		}

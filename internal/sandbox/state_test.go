@@ -20,7 +20,7 @@ func TestSweepRemovesOnlyStaleRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(stale.scratch, 0o700); err != nil {
+	if err := os.MkdirAll(statedir.Ephemeral(state, "stale"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	// A supervisor killed with SIGKILL leaves its directory with the lock

@@ -20,9 +20,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
+	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 // Exit codes corral itself reports.
@@ -50,7 +53,9 @@ type Options struct {
 	StateDir    string
 	Cgroups     cgroup.Facts
 	Walltime    time.Duration
-	Audit       *audit.Logger
+	// Policy is the policy the plan was built from; reloads start from it.
+	Policy *policy.Policy
+	Audit  *audit.Logger
 	Log         *slog.Logger
 	PolicySHA   string
 	// UncagedReason is set when the command runs without a sandbox.
@@ -67,16 +72,19 @@ func Run(ctx context.Context, o Options) (int, error) {
 	if o.UncagedReason != "" {
 		return runUncaged(ctx, o)
 	}
-	s := &supervisor{Options: o, start: time.Now()}
+	s := &supervisor{Options: o, start: time.Now(), pid: os.Getpid()}
+	s.pol = policyState{current: o.Policy, version: 1}
 	return s.run(ctx)
 }
 
 type supervisor struct {
 	Options
 	start time.Time
+	pid   int
 	run_  *runDir
 	cg    *cgroup.Cgroup
 	cmd   *exec.Cmd
+	pol   policyState
 }
 
 func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
@@ -179,6 +187,13 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
 	}
 	s.phase("workload running")
+	ctlCtx, stopCtl := context.WithCancel(ctx)
+	defer stopCtl()
+	if err := control.Serve(ctlCtx, statedir.Control(s.StateDir, s.ID), s, s.Log); err != nil {
+		// The sandbox is fully confined without it; only live reloads and
+		// ps are lost, so this degrades instead of killing the workload.
+		s.Log.Warn("control socket unavailable: corral ps and policy set will not see this sandbox", "err", err)
+	}
 	s.Audit.Emit(audit.SandboxStart,
 		"summary", s.Plan.Summary(s.ID),
 		"policy_sha256", s.PolicySHA,
@@ -384,22 +399,18 @@ func readMessages(f *os.File, out chan<- initproc.Message) {
 }
 
 // Sweep removes host state left by sandboxes whose supervisor was killed:
-// run directories and cgroups. It returns the ids it removed.
+// run directories and their cgroups. Only sandboxes of this state directory
+// are touched: cgroups are host-wide, and another corral with another state
+// directory may be running right now. It returns the ids it removed.
 func Sweep(stateDir string, facts cgroup.Facts) ([]string, error) {
 	swept, err := sweepRunDirs(stateDir)
-	var cgSwept []string
-	var cgErr error
-	if facts.Writable {
-		cgSwept, cgErr = cgroup.Sweep(facts, func(id string) bool { return isLive(stateDir, id) })
+	if len(swept) == 0 || !facts.Writable {
+		return swept, err
 	}
-	seen := map[string]bool{}
+	stale := make(map[string]bool, len(swept))
 	for _, id := range swept {
-		seen[id] = true
+		stale[id] = true
 	}
-	for _, id := range cgSwept {
-		if !seen[id] {
-			swept = append(swept, id)
-		}
-	}
+	_, cgErr := cgroup.Sweep(facts, func(id string) bool { return !stale[id] })
 	return swept, errors.Join(err, cgErr)
 }

@@ -4,6 +4,7 @@
 //
 //	<state>/audit.log                      default audit log
 //	<state>/run/<id>/                      one live sandbox (lock, root mountpoint)
+//	<state>/run/<id>/control.sock          the sandbox's control socket
 //	<state>/run/<id>/scratch               /scratch for state: ephemeral
 //	<state>/sessions/<session>/scratch     /scratch for state: scratch
 package statedir
@@ -38,6 +39,9 @@ func Runs(state string) string { return filepath.Join(state, "run") }
 
 // Run is one sandbox's directory.
 func Run(state, id string) string { return filepath.Join(Runs(state), id) }
+
+// Control is the sandbox's control socket.
+func Control(state, id string) string { return filepath.Join(Run(state, id), "control.sock") }
 
 // Ephemeral is /scratch for state: ephemeral, removed with the run.
 func Ephemeral(state, id string) string { return filepath.Join(Run(state, id), "scratch") }

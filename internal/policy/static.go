@@ -1,0 +1,35 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// StaticDiff lists the sections of q that differ from p among those fixed
+// when a sandbox starts: the filesystem, Landlock, identity, limits, seccomp,
+// state and network mode are applied by the kernel before the workload runs
+// and cannot change afterwards. Only network policies can be hot-reloaded.
+func (p *Policy) StaticDiff(q *Policy) []string {
+	sections := []struct {
+		name string
+		a, b any
+	}{
+		{"sandbox", p.Sandbox, q.Sandbox},
+		{"filesystem_policy", p.FilesystemPolicy, q.FilesystemPolicy},
+		{"landlock", p.Landlock, q.Landlock},
+		{"process", p.Process, q.Process},
+		{"limits", p.Limits, q.Limits},
+		{"seccomp", p.SeccompProfile(), q.SeccompProfile()},
+		{"state", p.State, q.State},
+		{"network.mode", p.NetworkMode(), q.NetworkMode()},
+	}
+	var diff []string
+	for _, s := range sections {
+		a, _ := json.Marshal(s.a)
+		b, _ := json.Marshal(s.b)
+		if !bytes.Equal(a, b) {
+			diff = append(diff, s.name)
+		}
+	}
+	return diff
+}

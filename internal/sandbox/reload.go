@@ -1,0 +1,70 @@
+package sandbox
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/control"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+// Reloadable is the part of a running sandbox that a policy reload swaps
+// (the egress decision engine). Swap must leave the old policy in force
+// when it returns an error.
+type Reloadable interface {
+	Swap(p *policy.Policy) error
+}
+
+// policyState is the sandbox's live policy and its version; version 1 is
+// the policy the sandbox started with.
+type policyState struct {
+	mu      sync.Mutex
+	current *policy.Policy
+	version int
+	target  Reloadable
+}
+
+// Status implements control.Handler.
+func (s *supervisor) Status() control.Status {
+	s.pol.mu.Lock()
+	defer s.pol.mu.Unlock()
+	return control.Status{
+		ID: s.ID, Session: s.Session, PID: s.pid, InitPID: s.cmd.Process.Pid,
+		Argv: s.Argv, Workdir: s.Plan.Workdir,
+		PolicySHA256: s.pol.current.SHA256(), PolicyVersion: s.pol.version,
+		NetworkMode: s.Plan.Network.Mode, Started: s.start,
+	}
+}
+
+// SetPolicy implements control.Handler: last-known-good semantics, so a
+// policy that fails validation, changes a static section or fails to
+// compile never replaces the working one.
+func (s *supervisor) SetPolicy(yaml []byte, source string) error {
+	s.pol.mu.Lock()
+	defer s.pol.mu.Unlock()
+	fail := func(err error) error {
+		s.Audit.Emit(audit.PolicyReloadFail, "source", source, "version", s.pol.version+1, "error", err.Error())
+		s.Log.Warn("policy reload rejected; the running policy stays in force", "err", err)
+		return err
+	}
+	p, err := policy.Parse(yaml, source)
+	if err != nil {
+		return fail(err)
+	}
+	if diff := s.pol.current.StaticDiff(p); len(diff) > 0 {
+		return fail(fmt.Errorf("the new policy changes %s, which is fixed when a sandbox starts; only network policies can change — start a new sandbox for the rest",
+			strings.Join(diff, ", ")))
+	}
+	if s.pol.target != nil {
+		if err := s.pol.target.Swap(p); err != nil {
+			return fail(fmt.Errorf("compile network policy: %w", err))
+		}
+	}
+	s.pol.current = p
+	s.pol.version++
+	s.Audit.Emit(audit.PolicyReloaded, "source", source, "version", s.pol.version, "policy_sha256", p.SHA256())
+	s.Log.Info("policy reloaded", "version", s.pol.version, "sha256", p.SHA256())
+	return nil
+}
