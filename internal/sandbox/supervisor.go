@@ -54,10 +54,10 @@ type Options struct {
 	Cgroups     cgroup.Facts
 	Walltime    time.Duration
 	// Policy is the policy the plan was built from; reloads start from it.
-	Policy *policy.Policy
-	Audit  *audit.Logger
-	Log         *slog.Logger
-	PolicySHA   string
+	Policy    *policy.Policy
+	Audit     *audit.Logger
+	Log       *slog.Logger
+	PolicySHA string
 	// UncagedReason is set when the command runs without a sandbox.
 	UncagedReason string
 	Stdin         *os.File

@@ -209,7 +209,15 @@ func cmdExit(args []string) int {
 func cmdRaise(args []string) int {
 	need(args, 1, "raise SIGNUM")
 	n, _ := strconv.Atoi(args[0])
-	signal.Reset()
+	// The Go runtime ignores or catches most signals; put back the kernel's
+	// default action so the signal really terminates the process.
+	var act struct {
+		handler, flags, restorer, mask uint64
+	}
+	if _, _, e := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(n), uintptr(unsafe.Pointer(&act)), 0, 8, 0, 0); e != 0 {
+		fmt.Fprintln(os.Stderr, "rt_sigaction:", e)
+		return exitUsage
+	}
 	_ = unix.Kill(os.Getpid(), unix.Signal(n))
 	time.Sleep(5 * time.Second)
 	return exitUsage
@@ -546,8 +554,10 @@ func cmdSetuidExec(args []string) int {
 		fmt.Fprintln(os.Stderr, "stat:", err)
 		return exitUsage
 	}
-	if st.Uid != 0 || st.Mode&unix.S_ISUID == 0 {
-		fmt.Fprintf(os.Stderr, "%s is not setuid root (uid %d mode %o)\n", args[0], st.Uid, st.Mode)
+	// In a user namespace the root owner shows as the overflow uid, so
+	// only the setuid bit itself is required here.
+	if st.Mode&unix.S_ISUID == 0 {
+		fmt.Fprintf(os.Stderr, "%s is not setuid (uid %d mode %o)\n", args[0], st.Uid, st.Mode)
 		return exitUsage
 	}
 	nnp := statusField("NoNewPrivs")
