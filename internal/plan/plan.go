@@ -4,6 +4,8 @@
 // the whole translation is table- and snapshot-tested without root.
 package plan
 
+import "fmt"
+
 // Plan is everything the in-sandbox init needs, and everything explain shows.
 // It travels to the init as JSON, so field names are part of the protocol
 // between a supervisor and the init it re-executes (always the same binary).
@@ -116,6 +118,39 @@ type Limits struct {
 type Network struct {
 	Mode        string `json:"mode"`
 	Description string `json:"description"`
+	// Capture is set in proxy mode: how the sandbox's namespace sends all
+	// traffic to corral's listeners.
+	Capture *Capture `json:"capture,omitempty"`
+}
+
+// Capture is the in-namespace plumbing of proxy mode.
+type Capture struct {
+	// Addr is the address inside the sandbox where the explicit proxies
+	// and the DNS server answer.
+	Addr            string   `json:"addr"`
+	DNSPort         uint16   `json:"dns_port"`
+	TransparentPort uint16   `json:"transparent_port"`
+	HTTPProxyPort   uint16   `json:"http_proxy_port"`
+	SOCKSPort       uint16   `json:"socks_port"`
+	Rules           []string `json:"rules"`
+}
+
+// ProxyEnv is what the workload's environment gets in proxy mode, so tools
+// that honour proxy variables use the explicit proxies; the rest are
+// captured transparently anyway.
+func (n Network) ProxyEnv() []string {
+	c := n.Capture
+	if c == nil {
+		return nil
+	}
+	http := fmt.Sprintf("http://%s:%d", c.Addr, c.HTTPProxyPort)
+	socks := fmt.Sprintf("socks5h://%s:%d", c.Addr, c.SOCKSPort)
+	noProxy := "localhost,127.0.0.1,::1"
+	return []string{
+		"HTTP_PROXY=" + http, "HTTPS_PROXY=" + http, "ALL_PROXY=" + socks, "NO_PROXY=" + noProxy,
+		"http_proxy=" + http, "https_proxy=" + http, "all_proxy=" + socks, "no_proxy=" + noProxy,
+		"grpc_proxy=" + http,
+	}
 }
 
 // State describes /scratch.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,27 +23,43 @@ type runDir struct {
 }
 
 func newRunDir(stateDir, id string) (*runDir, error) {
-	p := statedir.Run(stateDir, id)
-	if err := os.MkdirAll(filepath.Join(p, "root"), 0o700); err != nil {
+	runs := statedir.Runs(stateDir)
+	if err := os.MkdirAll(runs, 0o700); err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
-	// Only the supervisor's user (and the init, which is that user or root)
-	// may enter: the control socket lives here.
-	if err := os.Chmod(p, 0o700); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(p, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	// The directory appears under its real name only once its lock is
+	// held, so a concurrent sweep can never mistake it for a stale one.
+	// It is 0700: only this user (and the init, which is this user or
+	// root) may enter, and the control socket lives here.
+	tmp, err := os.MkdirTemp(runs, newPrefix+id+"-")
 	if err != nil {
-		return nil, fmt.Errorf("create lock: %w", err)
+		return nil, fmt.Errorf("create run directory: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock run directory %s: %w", p, err)
+	f, err := os.OpenFile(filepath.Join(tmp, "lock"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err == nil {
+		err = os.Mkdir(filepath.Join(tmp, "root"), 0o700)
+	}
+	p := statedir.Run(stateDir, id)
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("create run directory %s: %w", p, err)
 	}
 	return &runDir{state: stateDir, id: id, path: p, lock: f}, nil
 }
 
 func (r *runDir) root() string { return filepath.Join(r.path, "root") }
+
+// newPrefix marks run directories still being created.
+const newPrefix = ".new-"
 
 // remove deletes only what corral put there. The root mountpoint is removed
 // with rmdir, never recursively: if it were somehow still a mountpoint with
@@ -65,22 +83,10 @@ func ignoreNotExist(err error) error {
 	return err
 }
 
-// isLive reports whether a supervisor still holds the run's lock.
-func isLive(stateDir, id string) bool {
-	f, err := os.Open(filepath.Join(statedir.Run(stateDir, id), "lock"))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return errors.Is(err, unix.EWOULDBLOCK)
-	}
-	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false
-}
-
 // sweepRunDirs removes run directories left by supervisors that died
-// without cleaning up, and returns their ids.
+// without cleaning up, and returns their ids. A directory is stale when
+// nobody holds its lock; the sweeper takes the lock itself while removing,
+// so two sweepers never remove the same directory.
 func sweepRunDirs(stateDir string) ([]string, error) {
 	entries, err := os.ReadDir(statedir.Runs(stateDir))
 	if errors.Is(err, os.ErrNotExist) {
@@ -92,23 +98,45 @@ func sweepRunDirs(stateDir string) ([]string, error) {
 	var swept []string
 	var errs []error
 	for _, e := range entries {
-		if !e.IsDir() || isLive(stateDir, e.Name()) {
+		name := e.Name()
+		if !e.IsDir() {
 			continue
 		}
-		f, err := os.Open(filepath.Join(statedir.Run(stateDir, e.Name()), "lock"))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
+		dir := filepath.Join(statedir.Runs(stateDir), name)
+		if strings.HasPrefix(name, newPrefix) {
+			// A supervisor killed while creating its directory; give a
+			// live one ample time to finish before treating it as dead.
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute && lockFree(dir) {
+				errs = append(errs, os.RemoveAll(dir))
+			}
 			continue
 		}
-		r := &runDir{state: stateDir, id: e.Name(), path: statedir.Run(stateDir, e.Name()), lock: f}
-		if f == nil {
-			r.lock, _ = os.Open(os.DevNull)
+		f, err := os.Open(filepath.Join(dir, "lock"))
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
 		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			f.Close()
+			continue // live, or another sweeper has it
+		}
+		r := &runDir{state: stateDir, id: name, path: dir, lock: f}
 		if err := r.remove(); err != nil {
 			errs = append(errs, fmt.Errorf("remove stale %s: %w", r.path, err))
 			continue
 		}
-		swept = append(swept, e.Name())
+		swept = append(swept, name)
 	}
 	return swept, errors.Join(errs...)
+}
+
+func lockFree(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, "lock"))
+	if err != nil {
+		return true
+	}
+	defer f.Close()
+	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil
 }

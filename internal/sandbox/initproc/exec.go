@@ -45,12 +45,14 @@ func ExecMain() int {
 
 func becomeWorkload(cfg *Config) error {
 	p := &cfg.Plan
+	// Relative commands (./tool) and relative PATH entries are relative to
+	// the workdir, as in the shell the user typed the command in.
+	if err := unix.Chdir(p.Workdir); err != nil {
+		return stepErr("enter workdir "+p.Workdir, err)
+	}
 	path, err := lookPath(cfg.Argv[0], envValue(cfg.Env, "PATH"))
 	if err != nil {
 		return err
-	}
-	if err := unix.Chdir(p.Workdir); err != nil {
-		return stepErr("enter workdir "+p.Workdir, err)
 	}
 	if err := dropPrivileges(p); err != nil {
 		return stepErr("drop privileges", err)

@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLimits exhausts pids and memory. The two attacks run one after the
+// other (never against each other), each confined to its own cgroup.
+func TestLimits(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		if m.rootless && !rootlessLimits(t, m) {
+			limitsNotEnforced(t, m)
+			return
+		}
+		t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
+		t.Run("memory", func(t *testing.T) { memoryHog(t, m) })
+	})
+}
+
+// rootlessLimits reports whether this host lets an unprivileged corral
+// enforce limits (a delegated cgroup v2 subtree).
+func rootlessLimits(t *testing.T, m *mode) bool {
+	fx := newFixture(t, m)
+	r := runCorral(t, fx, runOpts{args: []string{fx.attack, "exit", "0"}, policy: systemPolicy("limits:\n  pids: 64\n")})
+	start := r.find("sandbox.start")
+	if r.code != 0 || len(start) != 1 {
+		t.Fatalf("probe run failed\n%s", r)
+	}
+	return start[0]["limits_enforced"] == true
+}
+
+func requireLimitsEnforced(t *testing.T, r *result) {
+	t.Helper()
+	if ev := r.find("sandbox.limits_not_enforced"); len(ev) > 0 {
+		requireFeature(t, "cgroup limits cannot be enforced on this host: "+r.eventsText())
+	}
+}
+
+func forkBomb(t *testing.T, m *mode) {
+	fx := newFixture(t, m)
+	start := time.Now()
+	r := runCorral(t, fx, runOpts{args: []string{fx.attack, "fork-bomb", "5000"},
+		policy: systemPolicy("limits:\n  pids: 64\n"), timeout: 90 * time.Second})
+	requireLimitsEnforced(t, r)
+	requireBlocked(t, r, "EAGAIN")
+	match := regexp.MustCompile(`after (\d+) children`).FindStringSubmatch(r.stdout)
+	if match == nil {
+		t.Fatalf("no child count in the report\n%s", r)
+	}
+	if n, _ := strconv.Atoi(match[1]); n >= 64 {
+		t.Fatalf("%d children started under pids: 64\n%s", n, r)
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Fatalf("the contained fork bomb took %v to end", time.Since(start))
+	}
+	// The host can still start processes.
+	if err := exec.Command("/bin/true").Run(); err != nil {
+		t.Fatalf("host cannot fork after the fork bomb: %v", err)
+	}
+}
+
+func memoryHog(t *testing.T, m *mode) {
+	fx := newFixture(t, m)
+	r := runCorral(t, fx, runOpts{args: []string{fx.attack, "alloc", "256"},
+		policy: systemPolicy("limits:\n  memory: 32MiB\n"), timeout: 90 * time.Second})
+	requireLimitsEnforced(t, r)
+	if !strings.Contains(r.stdout, "allocating") || strings.Contains(r.stdout, "ESCAPED") || r.code != 137 {
+		t.Fatalf("want the 256 MiB allocation killed under memory: 32MiB (exit 137)\n%s", r)
+	}
+	r.requireEvent(t, "sandbox.killed", map[string]any{"reason": "oom"})
+	r.requireEvent(t, "sandbox.exit", map[string]any{"code": 137})
+}
+
+// limitsNotEnforced: rootless without a delegated cgroup the limits cannot
+// be applied, and corral must say so rather than run silently without them.
+func limitsNotEnforced(t *testing.T, m *mode) {
+	for _, c := range []struct{ name, limits, want string }{
+		{"pids", "limits:\n  pids: 64\n", "pids"},
+		{"memory", "limits:\n  memory: 32MiB\n", "memory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fx := newFixture(t, m)
+			r := runCorral(t, fx, runOpts{args: []string{fx.attack, "exit", "0"}, policy: systemPolicy(c.limits)})
+			if r.code != 0 {
+				t.Fatalf("run failed\n%s", r)
+			}
+			if len(r.find("sandbox.limits_not_enforced")) == 0 {
+				t.Fatalf("rootless run without cgroup delegation emitted no sandbox.limits_not_enforced\n%s", r)
+			}
+			if !strings.Contains(r.eventsText(), c.want) {
+				t.Fatalf("sandbox.limits_not_enforced does not name the %s limit\n%s", c.want, r)
+			}
+			if !strings.Contains(r.stderr, "NOT ENFORCED") {
+				t.Fatalf("no warning on stderr about the unenforced limit\n%s", r)
+			}
+		})
+	}
+}
