@@ -352,13 +352,23 @@ func TestKernelInt80Bypass(t *testing.T) {
 	}
 	err := exec.Command(path).Run()
 	var exitErr *exec.ExitError
-	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 42 {
-		t.Skipf("int 0x80 is unusable here even unfiltered (ia32 emulation disabled, or temp dir noexec): %v", err)
+	vectorOpen := errors.As(err, &exitErr) && exitErr.ExitCode() == 42
+	if !vectorOpen {
+		ws, ok := exitErr.Sys().(syscall.WaitStatus)
+		if exitErr == nil || !ok || !ws.Signaled() || ws.Signal() != unix.SIGSEGV {
+			t.Skipf("cannot run the int 0x80 probe here (temp dir noexec?): %v", err)
+		}
+		// The kernel has no ia32 emulation: the attack cannot work on this
+		// host at all. Still check that the filtered run does not succeed.
+		t.Logf("int 0x80 faults even unfiltered (no ia32 emulation); checking only that the attack fails")
 	}
 	for _, p := range profiles {
 		got := runChild(t, string(p), string(NetProxy), "exec_elf", childELF+"="+path)
-		if got.signal != unix.SIGSYS {
+		switch {
+		case vectorOpen && got.signal != unix.SIGSYS:
 			t.Errorf("%s: i386 syscall via int 0x80: got %v, want killed by SIGSYS", p, got)
+		case !vectorOpen && got.signal != unix.SIGSYS && got.signal != unix.SIGSEGV:
+			t.Errorf("%s: i386 syscall via int 0x80: got %v, want the process killed", p, got)
 		}
 	}
 }
