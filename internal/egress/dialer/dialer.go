@@ -1,0 +1,202 @@
+// Package dialer is the supervisor's only way out: it resolves a name with
+// the host's (or the configured upstream) resolver, refuses internal
+// addresses unless allowed_ips cover them, and connects to the checked
+// address itself, so nothing resolves the name a second time between the
+// check and the connect (no DNS rebinding window).
+package dialer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/egress"
+)
+
+// DefaultTimeout bounds each connection attempt made by a Dialer from New.
+const DefaultTimeout = 10 * time.Second
+
+// Dialer implements egress.Dialer.
+type Dialer struct {
+	// Resolver resolves request hosts; nil means net.DefaultResolver.
+	Resolver *net.Resolver
+	// Timeout bounds each connection attempt; zero means only ctx does.
+	Timeout time.Duration
+
+	// dial replaces the real connect in tests, which cannot reach the
+	// addresses whose allow decision they check.
+	dial func(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+var _ egress.Dialer = (*Dialer)(nil)
+
+// New returns a Dialer using the system resolver, or, when upstreamDNS is
+// set ("HOST:PORT", port 53 if omitted), Go's resolver talking only to that
+// server. Go's resolver already retries truncated UDP answers over TCP; the
+// Dial hook just points both at the one server.
+func New(upstreamDNS string) *Dialer {
+	d := &Dialer{Resolver: net.DefaultResolver, Timeout: DefaultTimeout}
+	if upstreamDNS == "" {
+		return d
+	}
+	server := upstreamDNS
+	if _, _, err := net.SplitHostPort(server); err != nil {
+		server = net.JoinHostPort(strings.Trim(server, "[]"), "53")
+	}
+	d.Resolver = &net.Resolver{
+		PreferGo: true,
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var nd net.Dialer
+			return nd.DialContext(ctx, network, server)
+		},
+	}
+	return d
+}
+
+// Dial connects to r's destination. Every candidate address is classified;
+// an internal one survives only when a prefix in allowed contains it, and
+// never when its class is NeverAllowed. Survivors are tried in resolver
+// order. A refusal is a *egress.DenyError.
+func (d *Dialer) Dial(ctx context.Context, r egress.Request, allowed []netip.Prefix) (net.Conn, error) {
+	cands, err := d.candidates(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	allowed = normalizePrefixes(allowed)
+
+	var ok []netip.Addr
+	var refused []string
+	for _, ip := range cands {
+		if why := check(ip, allowed); why != "" {
+			refused = append(refused, why)
+			continue
+		}
+		ok = append(ok, ip)
+	}
+	if len(ok) == 0 {
+		detail := strings.Join(refused, ", ")
+		if r.Host != "" {
+			detail = r.Host + " resolves to " + detail
+		} else {
+			detail += " is an internal address"
+		}
+		return nil, &egress.DenyError{Request: r, Decision: egress.Decision{Reason: egress.ReasonInternalAddress, Detail: detail}}
+	}
+
+	dial := d.dial
+	if dial == nil {
+		nd := &net.Dialer{Timeout: d.Timeout}
+		dial = nd.DialContext
+	}
+	var errs []error
+	for _, ip := range ok {
+		c, err := dial(ctx, "tcp", netip.AddrPortFrom(ip, r.Port).String())
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("connect %s: %w", r.Target(), errors.Join(errs...))
+}
+
+// candidates returns the addresses r may stand for, IPv4-mapped forms
+// unmapped (so they dial as the IPv4 they are) and duplicates dropped.
+func (d *Dialer) candidates(ctx context.Context, r egress.Request) ([]netip.Addr, error) {
+	deny := func(detail string) error {
+		return &egress.DenyError{Request: r, Decision: egress.Decision{Reason: egress.ReasonResolve, Detail: detail}}
+	}
+	var raw []netip.Addr
+	switch {
+	case r.Host != "":
+		if ip, err := netip.ParseAddr(r.Host); err == nil {
+			raw = []netip.Addr{ip}
+			break
+		}
+		res := d.Resolver
+		if res == nil {
+			res = net.DefaultResolver
+		}
+		// Rooted, so resolv.conf search domains cannot turn an allowed
+		// name into a different one.
+		addrs, err := res.LookupNetIP(ctx, "ip", strings.TrimSuffix(r.Host, ".")+".")
+		if err != nil {
+			return nil, deny(fmt.Sprintf("resolve %s: %v", r.Host, err))
+		}
+		raw = addrs
+	case r.IP.IsValid():
+		raw = []netip.Addr{r.IP}
+	default:
+		return nil, deny("request names neither a host nor an address")
+	}
+
+	out := make([]netip.Addr, 0, len(raw))
+	seen := make(map[netip.Addr]bool, len(raw))
+	for _, ip := range raw {
+		ip = ip.Unmap().WithZone("")
+		if !ip.IsValid() || seen[ip] {
+			continue
+		}
+		seen[ip] = true
+		out = append(out, ip)
+	}
+	if len(out) == 0 {
+		return nil, deny(fmt.Sprintf("%s has no addresses", r.Target()))
+	}
+	return out, nil
+}
+
+// check returns why ip is refused, or "" if it may be dialled. A
+// translated form (NAT64, 6to4) must be covered both as written and as the
+// IPv4 address it leads to, since allowing one says nothing about the
+// other.
+func check(ip netip.Addr, allowed []netip.Prefix) string {
+	class, internal := Classify(ip)
+	if !internal {
+		return ""
+	}
+	if neverAllowed[class] {
+		return fmt.Sprintf("%s (%s, never allowed)", ip, class)
+	}
+	if !covered(ip, allowed) {
+		return fmt.Sprintf("%s (%s)", ip, class)
+	}
+	if v4, ok := embeddedIPv4(ip); ok {
+		if _, inner := Classify(v4); inner && !covered(v4, allowed) {
+			return fmt.Sprintf("%s (%s)", ip, class)
+		}
+	}
+	return ""
+}
+
+func covered(ip netip.Addr, allowed []netip.Prefix) bool {
+	for _, p := range allowed {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// normalizePrefixes rewrites IPv4-mapped prefixes (::ffff:10.0.0.0/104) as
+// the IPv4 prefixes they mean, because candidates are unmapped before the
+// check and would otherwise never match them.
+func normalizePrefixes(in []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if !p.IsValid() {
+			continue
+		}
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}

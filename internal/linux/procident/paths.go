@@ -1,0 +1,178 @@
+//go:build linux
+
+package procident
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Bounds on the command-line scan: enough for any interpreter invocation,
+// small enough that a huge argv costs little.
+const (
+	maxArgs     = 64
+	maxSymlinks = 40 // as the kernel's own path walk
+)
+
+// cmdlinePaths returns the script an interpreter runs: the first argument
+// after argv[0] that is not an option, when it is a regular file, canonical
+// (symlinks resolved) as the sandbox sees it. `node /usr/local/bin/claude`
+// gives the script, and a relative `python3 ./tool.py` is resolved against
+// the process's working directory. Only the script position counts: in
+// `python3 evil.py /usr/local/bin/claude` the trusted file is a mere
+// argument and must not lend evil.py its policy.
+//
+// Files are looked up inside the process's own root, never the
+// supervisor's, and each one is integrity-checked like an executable.
+func (r *Resolver) cmdlinePaths(pid int) ([]string, error) {
+	proc := "/proc/" + strconv.Itoa(pid)
+	raw, err := os.ReadFile(proc + "/cmdline")
+	if err != nil {
+		return nil, fmt.Errorf("procident: cmdline of pid %d: %w", pid, err)
+	}
+	args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
+	if len(args) <= 1 {
+		return nil, nil
+	}
+	args = args[1:]
+	if len(args) > maxArgs {
+		args = args[:maxArgs]
+	}
+	rootfd, err := unix.Open(proc+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("procident: root of pid %d: %w", pid, err)
+	}
+	defer unix.Close(rootfd)
+	cwd, cwdErr := os.Readlink(proc + "/cwd")
+
+	script := ""
+	for _, a := range args {
+		if a != "" && a[0] != '-' {
+			script = a
+			break
+		}
+	}
+	if script == "" || len(script) > unix.PathMax {
+		return nil, nil
+	}
+	if !path.IsAbs(script) {
+		if cwdErr != nil || !path.IsAbs(cwd) {
+			return nil, nil
+		}
+		script = path.Join(cwd, script)
+	}
+	p, err := resolveInRoot(rootfd, script)
+	if err != nil {
+		return nil, nil
+	}
+	f, err := openRegular(rootfd, p)
+	if err != nil {
+		return nil, nil // not a regular file in the sandbox: not a script
+	}
+	defer f.Close()
+	if _, err := r.verify(p, f, true); err != nil {
+		return nil, err
+	}
+	return []string{p}, nil
+}
+
+// resolveInRoot canonicalises the absolute path p inside the directory
+// rootfd, following symlinks as a process chrooted there would: absolute
+// link targets restart at rootfd, and ".." never climbs above it. The
+// kernel cannot do this for us through /proc/<pid>/root: it would resolve
+// absolute links against the supervisor's root.
+func resolveInRoot(rootfd int, p string) (string, error) {
+	todo := strings.Split(p, "/")
+	resolved := "/"
+	links := 0
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			resolved = path.Dir(resolved)
+			continue
+		}
+		next := path.Join(resolved, c)
+		var st unix.Stat_t
+		if err := unix.Fstatat(rootfd, rel(next), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return "", err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			resolved = next
+			continue
+		}
+		if links++; links > maxSymlinks {
+			return "", unix.ELOOP
+		}
+		target, err := readlinkat(rootfd, rel(next))
+		if err != nil {
+			return "", err
+		}
+		if path.IsAbs(target) {
+			resolved = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return resolved, nil
+}
+
+// rel turns an absolute in-root path into one relative to the root fd.
+func rel(p string) string {
+	if r := strings.TrimLeft(p, "/"); r != "" {
+		return r
+	}
+	return "."
+}
+
+func readlinkat(dirfd int, p string) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(dirfd, p, buf)
+	if err != nil {
+		return "", err
+	}
+	if n == len(buf) {
+		return "", unix.ENAMETOOLONG
+	}
+	return string(buf[:n]), nil
+}
+
+// openRegular opens the canonical path p for reading, confined to rootfd
+// and refusing any symlink, so a path swapped since resolveInRoot fails
+// instead of leading elsewhere. It first opens with O_PATH and checks the
+// type: opening a device or FIFO for reading can block or have side
+// effects, and the supervisor is root.
+func openRegular(rootfd int, p string) (*os.File, error) {
+	how := unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	pfd, err := unix.Openat2(rootfd, rel(p), &how)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, errors.New("not a regular file")
+	}
+	// Re-opening the O_PATH descriptor through /proc/self/fd reaches the
+	// very inode just checked, with no second path walk.
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}

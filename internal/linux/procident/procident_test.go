@@ -1,0 +1,413 @@
+//go:build linux
+
+package procident
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/egress"
+)
+
+// The tests build a small process tree standing in for a sandbox:
+//
+//	test binary (mode init)   <- Resolver.InitPID
+//	  sh -c '"$0" "$@"; exit $?'
+//	    target (mode client)  <- connects to the test's listener
+//
+// The client writes its pid on the connection and stays until the test
+// closes it, so the test decides how long the process lives.
+const (
+	modeEnv   = "CORRAL_PROCIDENT_TEST_MODE"
+	targetEnv = "CORRAL_PROCIDENT_TEST_TARGET"
+	addrEnv   = "CORRAL_PROCIDENT_TEST_ADDR"
+)
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(modeEnv) {
+	case "init":
+		os.Exit(initMain())
+	case "client":
+		os.Exit(clientMain())
+	case "nsinit":
+		os.Exit(nsInitMain())
+	}
+	os.Exit(m.Run())
+}
+
+func initMain() int {
+	// The trailing "exit" keeps sh from exec'ing the target in its place,
+	// so sh stays in the tree as the client's parent.
+	args := append([]string{"-c", `"$0" "$@"; exit $?`, os.Getenv(targetEnv)}, os.Args[1:]...)
+	cmd := exec.Command("/bin/sh", args...)
+	cmd.Env = append(os.Environ(), modeEnv+"=client")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		return 1
+	}
+	return 0
+}
+
+func clientMain() int {
+	c, err := net.Dial("tcp", os.Getenv(addrEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		return 1
+	}
+	fmt.Fprintf(c, "%d\n", os.Getpid())
+	c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	io.Copy(io.Discard, c) // until the test closes the connection
+	return 0
+}
+
+// sandbox is one running tree and the accepted connection from its client.
+type sandbox struct {
+	init      *exec.Cmd
+	conn      net.Conn
+	clientPID int
+}
+
+// start runs target as the client under a fresh init, in dir, with args.
+func start(t *testing.T, target, dir string, args ...string) *sandbox {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), modeEnv+"=init", targetEnv+"="+target, addrEnv+"="+ln.Addr().String())
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &sandbox{init: cmd}
+	t.Cleanup(s.stop)
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	if s.conn, err = ln.Accept(); err != nil {
+		t.Fatalf("client did not connect: %v", err)
+	}
+	line, err := bufio.NewReader(s.conn).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.clientPID, err = strconv.Atoi(strings.TrimSpace(line)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *sandbox) stop() {
+	if s.conn != nil {
+		s.conn.Close()
+		s.conn = nil
+	}
+	if s.init != nil {
+		s.init.Wait()
+		s.init = nil
+	}
+}
+
+func canonical(t *testing.T, p string) string {
+	t.Helper()
+	c, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestIdentifyProcessTree(t *testing.T) {
+	exe, _ := os.Executable()
+	s := start(t, exe, t.TempDir())
+	r := &Resolver{InitPID: s.init.Process.Pid}
+	id, err := r.Identify(s.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.PID != s.clientPID {
+		t.Errorf("PID %d, want %d", id.PID, s.clientPID)
+	}
+	if want := canonical(t, exe); id.Binary != want {
+		t.Errorf("Binary %q, want %q", id.Binary, want)
+	}
+	if want := []string{canonical(t, "/bin/sh")}; !slices.Equal(id.Ancestors, want) {
+		t.Errorf("Ancestors %q, want %q (init itself excluded)", id.Ancestors, want)
+	}
+	if len(id.BinarySHA256) != 64 {
+		t.Errorf("BinarySHA256 %q", id.BinarySHA256)
+	}
+	// A second connection attribution of the same unchanged files is
+	// answered from the cache.
+	before := r.hashes.Load()
+	if _, err := r.Identify(s.conn); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.hashes.Load() - before; n != 0 {
+		t.Errorf("unchanged files re-hashed %d times", n)
+	}
+}
+
+func TestIdentifyCmdlinePaths(t *testing.T) {
+	dir := canonical(t, t.TempDir())
+	other := canonical(t, t.TempDir())
+	write := func(p string) {
+		if err := os.WriteFile(p, []byte("#!/bin/true\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "tool.py"))
+	write(filepath.Join(dir, "real.sh"))
+	write(filepath.Join(other, "abs.js"))
+	if err := os.Symlink("real.sh", filepath.Join(dir, "link.sh")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "subdir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	s := start(t, exe, dir,
+		"./tool.py", "-v", filepath.Join(other, "abs.js"), "link.sh", "missing.py", "subdir", "/dev/null", "./tool.py")
+	r := &Resolver{InitPID: s.init.Process.Pid}
+	id, err := r.Identify(s.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the script position counts; later arguments name files the
+	// script reads, which must not lend it their policy.
+	want := []string{filepath.Join(dir, "tool.py")}
+	if !slices.Equal(id.CmdlinePaths, want) {
+		t.Errorf("CmdlinePaths %q, want %q", id.CmdlinePaths, want)
+	}
+	s2 := start(t, exe, dir, "-v", "link.sh", filepath.Join(other, "abs.js"))
+	id2, err := (&Resolver{InitPID: s2.init.Process.Pid}).Identify(s2.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{filepath.Join(dir, "real.sh")}; !slices.Equal(id2.CmdlinePaths, want) {
+		t.Errorf("symlinked script: CmdlinePaths %q, want %q", id2.CmdlinePaths, want)
+	}
+
+	// A script edited after first use is an integrity failure like a
+	// binary.
+	if err := os.WriteFile(filepath.Join(dir, "tool.py"), []byte("import evil\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Identify(s.conn)
+	assertIntegrity(t, err, filepath.Join(dir, "tool.py"))
+}
+
+func assertIntegrity(t *testing.T, err error, path string) {
+	t.Helper()
+	d, ok := egress.AsDeny(err)
+	if !ok {
+		t.Fatalf("got %v, want a DenyError", err)
+	}
+	if d.Decision.Reason != egress.ReasonIntegrity || !strings.Contains(d.Decision.Detail, path) {
+		t.Fatalf("got %+v, want %s for %s", d.Decision, egress.ReasonIntegrity, path)
+	}
+}
+
+func TestIdentifyTOFU(t *testing.T) {
+	exe, _ := os.Executable()
+	orig, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := canonical(t, t.TempDir())
+	app := filepath.Join(dir, "app")
+	if err := os.WriteFile(app, orig, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := &Resolver{}
+	identify := func() (egress.Identity, error) {
+		s := start(t, app, dir)
+		defer s.stop()
+		r.InitPID = s.init.Process.Pid // one resolver, like one sandbox's life
+		return r.Identify(s.conn)
+	}
+
+	id, err := identify()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Binary != app {
+		t.Fatalf("Binary %q, want %q", id.Binary, app)
+	}
+	trusted := id.BinarySHA256
+
+	// Same inode, new content (trailing bytes do not stop an ELF running).
+	f, err := os.OpenFile(app, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write([]byte("tampered"))
+	f.Close()
+	_, err = identify()
+	assertIntegrity(t, err, app)
+
+	// New inode with the original content: the fingerprint changed, so it
+	// is re-hashed, and the hash is the trusted one again.
+	if err := os.WriteFile(app+".new", orig, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(app+".new", app); err != nil {
+		t.Fatal(err)
+	}
+	before := r.hashes.Load()
+	if id, err = identify(); err != nil {
+		t.Fatalf("original content refused: %v", err)
+	}
+	if id.BinarySHA256 != trusted {
+		t.Errorf("hash %s, want %s", id.BinarySHA256, trusted)
+	}
+	if r.hashes.Load() == before {
+		t.Error("replaced file was not re-hashed")
+	}
+
+	// New inode, new content.
+	if err := os.WriteFile(app+".new", append(orig, "other"...), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(app+".new", app); err != nil {
+		t.Fatal(err)
+	}
+	_, err = identify()
+	assertIntegrity(t, err, app)
+}
+
+func TestIdentifyFailsClosed(t *testing.T) {
+	exe, _ := os.Executable()
+	s := start(t, exe, t.TempDir())
+
+	// A connection from a process outside the sandbox tree (the test
+	// itself) must not be attributed to anyone.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	r := &Resolver{InitPID: s.init.Process.Pid}
+	if id, err := r.Identify(sc); err == nil {
+		t.Errorf("outsider identified as %+v", id)
+	}
+	if _, err := (&Resolver{}).Identify(s.conn); err == nil {
+		t.Error("resolver without InitPID identified a connection")
+	}
+	// After the client is gone its socket is gone too.
+	s.conn.(*net.TCPConn).SetLinger(0)
+	conn := s.conn
+	s.stop()
+	if id, err := r.Identify(conn); err == nil {
+		t.Errorf("exited client identified as %+v", id)
+	}
+}
+
+func TestParseHexAddrPort(t *testing.T) {
+	// Build the kernel's notation the way it prints it: each 32-bit word
+	// of the address as a host-order integer.
+	enc := func(ap netip.AddrPort) string {
+		b := ap.Addr().AsSlice()
+		var sb strings.Builder
+		for i := 0; i < len(b); i += 4 {
+			fmt.Fprintf(&sb, "%08X", binary.NativeEndian.Uint32(b[i:]))
+		}
+		return fmt.Sprintf("%s:%04X", sb.String(), ap.Port())
+	}
+	for _, s := range []string{"127.0.0.1:8080", "198.19.255.254:43210", "[2001:db8::1]:443", "[::ffff:198.19.255.254]:1"} {
+		want := netip.MustParseAddrPort(s)
+		got, err := parseHexAddrPort(enc(want))
+		if err != nil || got != want {
+			t.Errorf("%s: got %s, %v", s, got, err)
+		}
+	}
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 { // little-endian: check a literal kernel line
+		got, err := parseHexAddrPort("0100007F:1F90")
+		if err != nil || got != netip.MustParseAddrPort("127.0.0.1:8080") {
+			t.Errorf("0100007F:1F90: got %s, %v", got, err)
+		}
+	}
+	for _, bad := range []string{"", "0100007F", "0100007:1F90", "0100007F:XYZ", "0100007F0100007F:0050"} {
+		if _, err := parseHexAddrPort(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestResolveInRoot(t *testing.T) {
+	root := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(root, "usr/lib/tool"), 0o755))
+	must(os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755))
+	must(os.WriteFile(filepath.Join(root, "usr/lib/tool/cli.js"), nil, 0o644))
+	// An absolute link must resolve inside root, not on the host.
+	must(os.Symlink("/usr/lib/tool/cli.js", filepath.Join(root, "usr/bin/tool")))
+	must(os.Symlink("../lib/tool", filepath.Join(root, "usr/bin/tooldir")))
+	must(os.Symlink("/../../../../usr/lib", filepath.Join(root, "escape")))
+	must(os.Symlink("loop2", filepath.Join(root, "loop1")))
+	must(os.Symlink("loop1", filepath.Join(root, "loop2")))
+	fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	must(err)
+	defer unix.Close(fd)
+	for in, want := range map[string]string{
+		"/usr/bin/tool":            "/usr/lib/tool/cli.js",
+		"/usr/bin/tooldir/cli.js":  "/usr/lib/tool/cli.js",
+		"/usr/bin/../../../../usr": "/usr",
+		"/escape/tool/cli.js":      "/usr/lib/tool/cli.js",
+	} {
+		got, err := resolveInRoot(fd, in)
+		if err != nil || got != want {
+			t.Errorf("%s: got %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := resolveInRoot(fd, "/loop1"); err == nil {
+		t.Error("symlink loop resolved")
+	}
+	if _, err := resolveInRoot(fd, "/usr/bin/missing"); err == nil {
+		t.Error("missing file resolved")
+	}
+	f, err := openRegular(fd, "/usr/lib/tool/cli.js")
+	must(err)
+	f.Close()
+	if _, err := openRegular(fd, "/usr/bin/tool"); err == nil {
+		t.Error("openRegular followed a symlink")
+	}
+	if _, err := openRegular(fd, "/usr/lib"); err == nil {
+		t.Error("openRegular opened a directory")
+	}
+}
