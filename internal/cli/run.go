@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress/decide"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox"
@@ -30,16 +32,18 @@ const (
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 type runFlags struct {
-	policy    string
-	workdir   string
-	timeout   time.Duration
-	env       []string
-	passEnv   []string
-	auditLog  string
-	stateDir  string
-	session   string
-	noSandbox bool
-	logLevel  string
+	policy      string
+	workdir     string
+	timeout     time.Duration
+	env         []string
+	passEnv     []string
+	auditLog    string
+	stateDir    string
+	session     string
+	noSandbox   bool
+	logLevel    string
+	upstreamDNS string
+	policyRules string
 }
 
 func newRunCmd() *cobra.Command {
@@ -83,6 +87,8 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.StringVar(&f.session, "session", "default", "session name: groups audit events and keeps /scratch across runs with state: scratch")
 	fl.BoolVar(&f.noSandbox, "no-sandbox", false, "run the command WITHOUT any sandbox (walltime and audit still apply)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level on stderr: debug, info, warn, error")
+	fl.StringVar(&f.upstreamDNS, "upstream-dns", "", "resolver HOST:PORT the supervisor uses for allowed names in proxy mode (default: the host's)")
+	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
 	return cmd
 }
 
@@ -168,11 +174,19 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	if f.timeout > 0 {
 		walltime = f.timeout
 	}
-	env := workloadEnv(os.Environ(), pl.User, uncaged != "", extraEnv)
+	var eg *sandbox.Egress
+	if pl.Network.Capture != nil && uncaged == "" {
+		eg, err = newEgress(pol, f.policyRules, f.upstreamDNS)
+		if err != nil {
+			aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
+			return setupFailed(err)
+		}
+	}
+	env := workloadEnv(os.Environ(), pl, uncaged != "", extraEnv)
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
-		Audit: aud, Log: log, PolicySHA: pol.SHA256(), Policy: pol, UncagedReason: uncaged,
+		Audit: aud, Log: log, PolicySHA: pol.SHA256(), Policy: pol, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil || code != 0 {
@@ -245,7 +259,29 @@ func safeEnv(key string) bool {
 	return strings.HasPrefix(key, "LC_")
 }
 
-func workloadEnv(host []string, u plan.User, uncaged bool, extra []string) []string {
+// newEgress builds the decision engine for proxy mode.
+func newEgress(p *policy.Policy, rulesFile, upstreamDNS string) (*sandbox.Egress, error) {
+	var rules []byte
+	if rulesFile != "" {
+		var err error
+		if rules, err = os.ReadFile(rulesFile); err != nil {
+			return nil, fmt.Errorf("--policy-rules: %w", err)
+		}
+	}
+	if upstreamDNS != "" {
+		if _, _, err := net.SplitHostPort(upstreamDNS); err != nil {
+			return nil, fmt.Errorf("--upstream-dns %q: want HOST:PORT, e.g. 192.0.2.53:53", upstreamDNS)
+		}
+	}
+	engine, err := decide.New(p, rules)
+	if err != nil {
+		return nil, fmt.Errorf("compile network policy: %w", err)
+	}
+	return &sandbox.Egress{Engine: engine, UpstreamDNS: upstreamDNS}, nil
+}
+
+func workloadEnv(host []string, pl *plan.Plan, uncaged bool, extra []string) []string {
+	u := pl.User
 	vals := map[string]string{"PATH": defaultPath}
 	order := []string{"PATH"}
 	set := func(k, v string) {
@@ -267,6 +303,12 @@ func workloadEnv(host []string, u plan.User, uncaged bool, extra []string) []str
 	set("USER", u.Name)
 	set("LOGNAME", u.Name)
 	set("CORRAL_SANDBOX", "1")
+	if !uncaged {
+		for _, kv := range pl.Network.ProxyEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			set(k, v)
+		}
+	}
 	for _, kv := range extra {
 		k, v, _ := strings.Cut(kv, "=")
 		set(k, v)

@@ -11,8 +11,8 @@ import (
 func TestWorkloadEnvKeepsOnlySafeVariables(t *testing.T) {
 	host := []string{"PATH=/bin", "HOME=/root", "SECRET_TOKEN=hunter2", "AWS_SECRET_ACCESS_KEY=x",
 		"LANG=C.UTF-8", "LC_ALL=C", "TERM=xterm", "SSH_AUTH_SOCK=/run/agent", "TZ=UTC", "USER=root"}
-	u := plan.User{Name: "nobody", Home: "/home/nobody"}
-	env := workloadEnv(host, u, false, []string{"CI=1", "PATH=/opt/bin"})
+	pl := &plan.Plan{User: plan.User{Name: "nobody", Home: "/home/nobody"}}
+	env := workloadEnv(host, pl, false, []string{"CI=1", "PATH=/opt/bin"})
 	want := []string{"PATH=/opt/bin", "LANG=C.UTF-8", "LC_ALL=C", "TERM=xterm", "TZ=UTC",
 		"HOME=/home/nobody", "USER=nobody", "LOGNAME=nobody", "CORRAL_SANDBOX=1", "CI=1"}
 	if !slices.Equal(env, want) {

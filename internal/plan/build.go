@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -179,12 +180,15 @@ func (b *builder) network() error {
 		b.pl.Network = Network{Mode: mode, Description: "host network, NO egress filtering"}
 		b.warn("network.mode is allow: the sandbox uses the host's network with no egress filtering")
 	case policy.ModeProxy:
-		// The egress proxy is not part of this build. Falling back to
-		// "allow" would silently remove protection; blocking fails closed.
 		ns = append(ns, "net")
-		mode = policy.ModeBlock
-		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only (proxy mode is not available in this build; network_policies are validated but no egress is possible)"}
-		b.warn("network.mode proxy is not available in this build: all egress is blocked and network_policies are not enforced")
+		cfg := capture.DefaultConfig
+		b.pl.Network = Network{
+			Mode: mode,
+			Description: "private network namespace whose every TCP connection and DNS query is captured by corral's " +
+				"listeners and decided per host, port and binary; everything else is dropped",
+			Capture: &Capture{Addr: capture.Addr.String(), DNSPort: cfg.DNSPort, TransparentPort: cfg.TransparentPort,
+				HTTPProxyPort: cfg.HTTPProxyPort, SOCKSPort: cfg.SOCKSPort, Rules: capture.Rules(cfg)},
+		}
 	default:
 		ns = append(ns, "net")
 		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only; inet sockets denied by seccomp"}
@@ -269,6 +273,9 @@ func (b *builder) mounts() error {
 	} else {
 		b.pl.State = State{Mode: "none"}
 	}
+	if b.pl.Network.Capture != nil {
+		b.resolvConf(&mounts)
+	}
 	// Parents before children, so /home/u/proj lands on top of /home/u.
 	slices.SortStableFunc(mounts, func(x, y Mount) int {
 		if d := depth(x.Target) - depth(y.Target); d != 0 {
@@ -278,6 +285,19 @@ func (b *builder) mounts() error {
 	})
 	b.pl.Mounts = mounts
 	return nil
+}
+
+// resolvConf points the sandbox's resolver at the capture address. Queries
+// to any other server are captured too, so when the host's file cannot be
+// covered (it is a symlink, e.g. to systemd-resolved's stub) nothing breaks.
+func (b *builder) resolvConf(mounts *[]Mount) {
+	const target = "/etc/resolv.conf"
+	if fi, err := b.h.FS.Lstat(target); err == nil && fi.Type == TypeSymlink {
+		b.skip(target, "the host's file is a symlink; DNS to any server is captured anyway")
+		return
+	}
+	*mounts = append(*mounts, Mount{Kind: KindBind, Source: statedir.ResolvConf(b.c.StateDir, b.c.ID), Target: target,
+		ReadOnly: true, Why: "resolver at the capture address"})
 }
 
 func (b *builder) skip(path, reason string) {

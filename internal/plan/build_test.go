@@ -125,7 +125,7 @@ state: scratch
 limits: {memory: 512MiB, pids: 64, cpu: 0.5, walltime: 90s}
 network: {mode: allow}
 `, "/home/ada/proj", debianHost()},
-		{"proxy-falls-back-to-block", `
+		{"proxy", `
 version: 1
 network: {allow: ["api.github.com:443"]}
 `, "/home/ada/proj", debianHost()},

@@ -129,6 +129,17 @@ func (p *Plan) WriteText(w io.Writer) error {
 	}
 
 	ew.printf("\nnetwork: %s — %s\n", p.Network.Mode, p.Network.Description)
+	if c := p.Network.Capture; c != nil {
+		ew.printf("  capture address %s: DNS :%d, transparent :%d, HTTP proxy :%d, SOCKS5 :%d\n",
+			c.Addr, c.DNSPort, c.TransparentPort, c.HTTPProxyPort, c.SOCKSPort)
+		ew.printf("  nftables inside the sandbox's namespace:\n")
+		for _, r := range c.Rules {
+			ew.printf("    %s\n", r)
+		}
+		for _, e := range p.Network.ProxyEnv() {
+			ew.printf("  env %s\n", e)
+		}
+	}
 	ew.printf("state: %s", p.State.Mode)
 	if p.State.HostDir != "" {
 		ew.printf(" (/scratch from %s)", p.State.HostDir)

@@ -70,6 +70,7 @@ func (r *runDir) remove() error {
 		ignoreNotExist(unix.Rmdir(r.root())),
 		ignoreNotExist(os.Remove(filepath.Join(r.path, "lock"))),
 		ignoreNotExist(os.Remove(statedir.Control(r.state, r.id))),
+		ignoreNotExist(os.Remove(statedir.ResolvConf(r.state, r.id))),
 	}
 	r.lock.Close()
 	errs = append(errs, ignoreNotExist(unix.Rmdir(r.path)))

@@ -58,6 +58,8 @@ type Options struct {
 	Audit     *audit.Logger
 	Log       *slog.Logger
 	PolicySHA string
+	// Egress is set in proxy mode.
+	Egress *Egress
 	// UncagedReason is set when the command runs without a sandbox.
 	UncagedReason string
 	Stdin         *os.File
@@ -74,6 +76,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 	}
 	s := &supervisor{Options: o, start: time.Now(), pid: os.Getpid()}
 	s.pol = policyState{current: o.Policy, version: 1}
+	if o.Egress != nil {
+		s.pol.target = o.Egress.Engine
+	}
 	return s.run(ctx)
 }
 
@@ -122,6 +127,12 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	if err := s.prepareScratch(); err != nil {
 		return ExitSetupFailed, err
 	}
+	if c := s.Plan.Network.Capture; c != nil {
+		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
+		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
+			return ExitSetupFailed, fmt.Errorf("write resolv.conf: %w", err)
+		}
+	}
 	if err := s.createCgroup(); err != nil {
 		return ExitSetupFailed, err
 	}
@@ -166,6 +177,15 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
 
+	// The init sends its descriptors in this order: network listeners,
+	// then the terminal.
+	egressCtx, stopEgress := context.WithCancel(ctx)
+	defer stopEgress()
+	if s.Plan.Network.Capture != nil {
+		if err := s.startEgress(egressCtx, sup); err != nil {
+			return exitCode(err), err
+		}
+	}
 	if term != nil {
 		if err := s.attachTerminal(sup, term); err != nil {
 			return exitCode(err), err
@@ -217,17 +237,20 @@ func (s *supervisor) phase(what string) {
 
 // attachTerminal receives the master side of the pty the init allocated.
 func (s *supervisor) attachTerminal(sup *os.File, term *terminal) error {
-	m, master, err := initproc.RecvFD(sup)
+	m, files, err := initproc.RecvFDs(sup)
 	if err != nil {
 		return fmt.Errorf("receive terminal from sandbox init: %w", err)
 	}
 	if m.Type == initproc.MsgError {
 		return &initproc.StepError{Step: m.Step, Code: m.Code, Err: errors.New(m.Error)}
 	}
-	if master == nil {
+	if m.Type != initproc.MsgPTY || len(files) != 1 {
+		for _, f := range files {
+			f.Close()
+		}
 		return fmt.Errorf("sandbox init sent %q instead of a terminal", m.Type)
 	}
-	if err := term.attach(master); err != nil {
+	if err := term.attach(files[0]); err != nil {
 		return fmt.Errorf("put terminal in raw mode: %w", err)
 	}
 	return nil

@@ -5,6 +5,7 @@
 //	<state>/audit.log                      default audit log
 //	<state>/run/<id>/                      one live sandbox (lock, root mountpoint)
 //	<state>/run/<id>/control.sock          the sandbox's control socket
+//	<state>/run/<id>/resolv.conf           /etc/resolv.conf in proxy mode
 //	<state>/run/<id>/scratch               /scratch for state: ephemeral
 //	<state>/sessions/<session>/scratch     /scratch for state: scratch
 package statedir
@@ -42,6 +43,9 @@ func Run(state, id string) string { return filepath.Join(Runs(state), id) }
 
 // Control is the sandbox's control socket.
 func Control(state, id string) string { return filepath.Join(Run(state, id), "control.sock") }
+
+// ResolvConf is the sandbox's /etc/resolv.conf in proxy mode.
+func ResolvConf(state, id string) string { return filepath.Join(Run(state, id), "resolv.conf") }
 
 // Ephemeral is /scratch for state: ephemeral, removed with the run.
 func Ephemeral(state, id string) string { return filepath.Join(Run(state, id), "scratch") }

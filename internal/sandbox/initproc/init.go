@@ -12,6 +12,9 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/linux/capture"
+	"github.com/corral-sandbox/corral/internal/plan"
 )
 
 // forwarded are the signals the init passes on to the workload's process
@@ -60,6 +63,11 @@ func InitMain() int {
 		return fail(stepErr("bring up loopback", err))
 	}
 
+	if c := cfg.Plan.Network.Capture; c != nil {
+		if err := setupCapture(sup, c); err != nil {
+			return fail(stepErr("set up network capture", err))
+		}
+	}
 	stdio := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	if cfg.TTY {
 		slave, err := allocatePTY(sup, cfg.Plan.User.UID, cfg.Plan.User.GID)
@@ -166,6 +174,23 @@ func readMessage(r *bufio.Reader, m *Message) error {
 	return json.Unmarshal(line, m)
 }
 
+// setupCapture routes every packet of the namespace to corral's listeners
+// and hands those listeners to the supervisor, which serves them from the
+// host's network namespace.
+func setupCapture(sup *os.File, c *plan.Capture) error {
+	l, err := capture.Setup(capture.Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort,
+		HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	var fds []int
+	for _, f := range l.Files() {
+		fds = append(fds, int(f.Fd()))
+	}
+	return SendFDs(sup, Message{Type: MsgNetwork}, fds...)
+}
+
 // allocatePTY opens a pty in the sandbox's own devpts, gives the slave to
 // the workload's user and sends the master to the supervisor.
 func allocatePTY(sup *os.File, uid, gid uint32) (*os.File, error) {
@@ -188,7 +213,7 @@ func allocatePTY(sup *os.File, uid, gid uint32) (*os.File, error) {
 		slave.Close()
 		return nil, fmt.Errorf("give pty to uid %d: %w", uid, err)
 	}
-	if err := SendFD(sup, Message{Type: MsgPTY}, master); err != nil {
+	if err := SendFDs(sup, Message{Type: MsgPTY}, master); err != nil {
 		slave.Close()
 		return nil, fmt.Errorf("send pty to supervisor: %w", err)
 	}

@@ -29,6 +29,7 @@ const (
 	MsgError   = "error"   // a set-up step failed; the workload never ran
 	MsgExited  = "exited"  // init → supervisor: the workload's wait status
 	MsgPTY     = "pty"     // init → supervisor: carries the pty master fd
+	MsgNetwork = "network" // init → supervisor: carries the egress listeners
 )
 
 // Config is what the init needs beyond the plan.
@@ -69,21 +70,24 @@ func Send(w io.Writer, m Message) error {
 	return err
 }
 
-// SendFD writes one message carrying a file descriptor. The socket must be
-// SOCK_SEQPACKET so the descriptor stays attached to this message.
-func SendFD(sock *os.File, m Message, fd int) error {
+// maxFDs bounds the descriptors one message may carry.
+const maxFDs = 16
+
+// SendFDs writes one message carrying file descriptors. The socket must be
+// SOCK_SEQPACKET so the descriptors stay attached to this message.
+func SendFDs(sock *os.File, m Message, fds ...int) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode %s message: %w", m.Type, err)
 	}
-	return unix.Sendmsg(int(sock.Fd()), append(b, '\n'), unix.UnixRights(fd), nil, 0)
+	return unix.Sendmsg(int(sock.Fd()), append(b, '\n'), unix.UnixRights(fds...), nil, 0)
 }
 
-// RecvFD reads one message and the descriptor it carries, if any.
-func RecvFD(sock *os.File) (Message, *os.File, error) {
+// RecvFDs reads one message and the descriptors it carries, if any.
+func RecvFDs(sock *os.File) (Message, []*os.File, error) {
 	var m Message
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(4*maxFDs))
 	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return m, nil, err
@@ -91,19 +95,24 @@ func RecvFD(sock *os.File) (Message, *os.File, error) {
 	if n == 0 {
 		return m, nil, io.EOF
 	}
-	var f *os.File
-	if cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(cmsgs) == 1 {
-		if fds, err := unix.ParseUnixRights(&cmsgs[0]); err == nil && len(fds) == 1 {
-			f = os.NewFile(uintptr(fds[0]), "pty-master")
+	var files []*os.File
+	cmsgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	for i := range cmsgs {
+		fds, err := unix.ParseUnixRights(&cmsgs[i])
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "received"))
 		}
 	}
 	if err := json.Unmarshal(buf[:n], &m); err != nil {
-		if f != nil {
+		for _, f := range files {
 			f.Close()
 		}
 		return m, nil, fmt.Errorf("decode message: %w", err)
 	}
-	return m, f, nil
+	return m, files, nil
 }
 
 // StepError is a failed set-up step with the exit code it maps to.

@@ -1,0 +1,380 @@
+// Package decide is the egress policy decision point: an embedded OPA engine
+// evaluating Rego rules over a sandbox's network policies.
+//
+// # Division of work
+//
+// Go indexes the endpoints by host pattern and address and passes the
+// endpoints whose destination and port match the request as candidates;
+// the rules decide which binaries may use them, which policy answers and
+// why a request is denied. Scanning every endpoint in Rego would cost time
+// linear in the policy on each connection.
+//
+// # Rules
+//
+// The baked-in rules (policy.rego, package corral.egress, Rego v1 syntax)
+// are replaced as a whole by a user's --policy-rules file, which must
+// declare the same package. Decide evaluates data.corral.egress.decision.
+// NameAllowed evaluates data.corral.egress.name_allowed when the rules
+// define it (with port 0 and the candidates whose host pattern matches,
+// whatever their ports); otherwise it reports whether any endpoint's host
+// pattern matches. Rules may not call http.send or net.lookup_ip_addr: they
+// run in the supervisor, outside the sandbox, on every connection.
+//
+// # Input document
+//
+//	{
+//	  "network": {
+//	    "host": "api.github.com", // lower-case, no trailing dot; "" for a literal IP
+//	    "ip":   "",               // the literal destination when host is "", e.g. "10.1.2.3"
+//	    "port": 443
+//	  },
+//	  "exec": {
+//	    "path":          "/usr/bin/node",          // the connecting process's executable
+//	    "ancestors":     ["/usr/bin/bash"],        // executables up to the sandbox init
+//	    "cmdline_paths": ["/usr/local/bin/claude"], // absolute script paths from argv
+//	    "paths":         ["/usr/bin/node", "/usr/bin/bash", "/usr/local/bin/claude"]
+//	  },
+//	  "candidates": [{"policy": "claude", "endpoint": 0}]
+//	}
+//
+// exec.paths is path, ancestors and cmdline_paths together, without empty
+// or repeated entries: the binding matches if any of them matches.
+// candidates names the endpoints (key in data.network_policies, index into
+// its endpoints) that accept network.port and whose host pattern matches
+// network.host, or, for a literal IP, whose host is that IP or whose
+// allowed_ips contain it; they are ordered by policy name, then key, then
+// index. Host patterns are exact names, "*.x.y" (exactly one label),
+// "**.x.y" (one or more labels) or a "*" inside the first label
+// ("api-*.x.y", within that label only), all case-insensitive and with
+// any trailing dot ignored.
+//
+// # Data document
+//
+//	data.network_policies[key] = {
+//	  "name": "github",                        // the policy's name, else its key
+//	  "endpoints": [{
+//	    "host":        "*.github.com",         // "" for an allowed_ips-only endpoint
+//	    "host_regex":  "^[a-z0-9_-]+\\.github\\.com$", // the pattern as an anchored regex; "" without host
+//	    "ports":       [443],
+//	    "allowed_ips": ["10.0.0.0/8"]          // canonical CIDRs
+//	  }],
+//	  "binaries": ["/usr/bin/curl", "/opt/tools/**"] // [] = any binary
+//	}
+//
+// Policies come from policy.Policy.EffectiveNetworkPolicies, so the
+// network.allow short form appears as the policy "network.allow". Binary
+// paths are listed as written and, where a symlink is involved, resolved
+// (for a glob, its literal directory); "*" in a binary matches within one
+// path segment and "**" across segments.
+//
+// # Result
+//
+//	decision = {"allow": bool, "policy": string, "reason": string, "allowed_ips": [string]}
+//
+// allow is required; reason should be one of the egress.Reason constants
+// when allow is false (no_matching_policy if empty); allowed_ips become
+// Decision.AllowedIPs. Any evaluation error, an undefined decision or a
+// value of another shape denies with egress.ReasonEngine.
+package decide
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+//go:embed policy.rego
+var bakedRules []byte
+
+// Engine implements egress.Decider with an embedded OPA engine evaluating
+// Rego rules over the current policy's data. It is safe for concurrent use.
+type Engine struct {
+	rules []byte
+	cur   atomic.Pointer[state]
+}
+
+var _ egress.Decider = (*Engine)(nil)
+
+// New compiles p with rules, or with the baked-in rules when rules is nil.
+func New(p *policy.Policy, rules []byte) (*Engine, error) {
+	e := &Engine{rules: bakedRules}
+	if rules != nil {
+		e.rules = rules
+	}
+	if err := e.Swap(p); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Swap atomically replaces the policy (hot reload), keeping the engine's
+// rules. A policy that fails to compile returns an error and the previous
+// one stays in force.
+func (e *Engine) Swap(p *policy.Policy) error {
+	if p == nil {
+		return errors.New("no policy")
+	}
+	st, err := build(p, e.rules)
+	if err != nil {
+		return err
+	}
+	e.cur.Store(st)
+	return nil
+}
+
+// Decide evaluates r against the current policy.
+func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
+	st := e.cur.Load()
+	if st == nil {
+		return engineError("no policy loaded")
+	}
+	host, ip := normaliseTarget(r)
+	in := input(host, ip, int(r.Port), r.Identity, st.candidates(host, ip, r.Port))
+	v, err := eval(ctx, st.decision, in)
+	if err != nil {
+		return engineError(err.Error())
+	}
+	d, err := parseDecision(v)
+	if err != nil {
+		return engineError(err.Error())
+	}
+	if !d.Allow {
+		d.Detail = denyDetail(d, r, host, ip)
+	}
+	return d
+}
+
+// NameAllowed reports whether some endpoint's host pattern matches host,
+// whatever the port or binary; DNS answers only such names.
+func (e *Engine) NameAllowed(host string) bool {
+	st := e.cur.Load()
+	if st == nil {
+		return false
+	}
+	host = normaliseHost(host)
+	// An address is not a name: a resolver never needs to answer it, and an
+	// endpoint written as an IP must not make its text resolvable.
+	if _, err := netip.ParseAddr(host); host == "" || err == nil {
+		return false
+	}
+	cands := st.hostMatches(host)
+	if st.nameAllowed == nil {
+		return len(cands) > 0
+	}
+	slices.SortFunc(cands, byRank)
+	v, err := eval(context.Background(), *st.nameAllowed, input(host, "", 0, egress.Identity{}, cands))
+	if err != nil {
+		return false
+	}
+	b, ok := v.(ast.Boolean)
+	return ok && bool(b)
+}
+
+// rawTerm keeps results in AST form; parseDecision reads them directly,
+// which saves converting every decision to Go maps first.
+func rawTerm(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil }
+
+func eval(ctx context.Context, q rego.PreparedEvalQuery, in ast.Value) (ast.Value, error) {
+	rs, err := q.Eval(ctx,
+		rego.EvalParsedInput(in),
+		rego.EvalMetrics(metrics.NoOp()),
+		rego.EvalGenerateJSON(rawTerm),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("evaluating rules: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return nil, errors.New("the rules produced no result")
+	}
+	v, ok := rs[0].Expressions[0].Value.(ast.Value)
+	if !ok {
+		return nil, fmt.Errorf("the rules produced %T", rs[0].Expressions[0].Value)
+	}
+	return v, nil
+}
+
+func engineError(detail string) egress.Decision {
+	return egress.Decision{Reason: egress.ReasonEngine, Detail: detail}
+}
+
+func normaliseHost(h string) string {
+	return strings.TrimSuffix(strings.ToLower(h), ".")
+}
+
+// normaliseTarget returns the host name or, for a literal destination, the
+// address in the form allowed_ips are written in. A listener that put an
+// address into Host still gets an address decision, so that allowed_ips
+// cannot be sidestepped by spelling an IP as a name.
+func normaliseTarget(r egress.Request) (host, ip string) {
+	host = normaliseHost(r.Host)
+	a := r.IP
+	if host != "" {
+		var err error
+		if a, err = netip.ParseAddr(strings.Trim(host, "[]")); err != nil {
+			return host, ""
+		}
+	}
+	if !a.IsValid() {
+		return "", ""
+	}
+	return "", a.Unmap().WithZone("").String()
+}
+
+// Keys are shared between inputs; OPA treats terms as immutable, as its own
+// interned terms are.
+var (
+	keyNetwork    = ast.StringTerm("network")
+	keyHost       = ast.StringTerm("host")
+	keyIP         = ast.StringTerm("ip")
+	keyPort       = ast.StringTerm("port")
+	keyExec       = ast.StringTerm("exec")
+	keyPath       = ast.StringTerm("path")
+	keyAncestors  = ast.StringTerm("ancestors")
+	keyCmdline    = ast.StringTerm("cmdline_paths")
+	keyPaths      = ast.StringTerm("paths")
+	keyCandidates = ast.StringTerm("candidates")
+	keyPolicy     = ast.StringTerm("policy")
+	keyEndpoint   = ast.StringTerm("endpoint")
+	keyAllow      = ast.StringTerm("allow")
+	keyReason     = ast.StringTerm("reason")
+	keyAllowedIPs = ast.StringTerm("allowed_ips")
+)
+
+func input(host, ip string, port int, id egress.Identity, cands []*endpoint) ast.Value {
+	c := make([]*ast.Term, len(cands))
+	for i, x := range cands {
+		c[i] = x.term
+	}
+	bin := ast.StringTerm(id.Binary)
+	anc, cmd := stringTerms(id.Ancestors), stringTerms(id.CmdlinePaths)
+	// paths shares its terms with the fields it is made of.
+	paths := make([]*ast.Term, 0, 1+len(anc)+len(cmd))
+	seen := make([]string, 0, cap(paths))
+	for _, t := range slices.Concat([]*ast.Term{bin}, anc, cmd) {
+		if s := string(t.Value.(ast.String)); s != "" && !slices.Contains(seen, s) {
+			seen = append(seen, s)
+			paths = append(paths, t)
+		}
+	}
+	return ast.NewObject(
+		[2]*ast.Term{keyNetwork, ast.ObjectTerm(
+			[2]*ast.Term{keyHost, ast.StringTerm(host)},
+			[2]*ast.Term{keyIP, ast.StringTerm(ip)},
+			[2]*ast.Term{keyPort, ast.IntNumberTerm(port)},
+		)},
+		[2]*ast.Term{keyExec, ast.ObjectTerm(
+			[2]*ast.Term{keyPath, bin},
+			[2]*ast.Term{keyAncestors, ast.ArrayTerm(anc...)},
+			[2]*ast.Term{keyCmdline, ast.ArrayTerm(cmd...)},
+			[2]*ast.Term{keyPaths, ast.ArrayTerm(paths...)},
+		)},
+		[2]*ast.Term{keyCandidates, ast.ArrayTerm(c...)},
+	)
+}
+
+func stringTerms(ss []string) []*ast.Term {
+	t := make([]*ast.Term, len(ss))
+	for i, s := range ss {
+		t[i] = ast.StringTerm(s)
+	}
+	return t
+}
+
+// parseDecision accepts only the documented shape, so that rules returning
+// anything else deny instead of being half understood.
+func parseDecision(v ast.Value) (egress.Decision, error) {
+	var d egress.Decision
+	obj, ok := v.(ast.Object)
+	if !ok {
+		return d, fmt.Errorf("decision is %v, not an object", ast.ValueName(v))
+	}
+	allow, ok := field(obj, keyAllow).(ast.Boolean)
+	if !ok {
+		return d, errors.New("decision.allow is not a boolean")
+	}
+	var policyName, reason ast.String
+	for _, f := range []struct {
+		key *ast.Term
+		dst *ast.String
+	}{{keyPolicy, &policyName}, {keyReason, &reason}} {
+		switch x := field(obj, f.key).(type) {
+		case nil:
+		case ast.String:
+			*f.dst = x
+		default:
+			return d, fmt.Errorf("decision.%v is %v, not a string", f.key.Value, ast.ValueName(x))
+		}
+	}
+	switch x := field(obj, keyAllowedIPs).(type) {
+	case nil:
+	case *ast.Array:
+		for i := range x.Len() {
+			s, ok := x.Elem(i).Value.(ast.String)
+			if !ok {
+				return d, errors.New("decision.allowed_ips holds a value that is not a string")
+			}
+			pfx, err := parsePrefix(string(s))
+			if err != nil {
+				return d, fmt.Errorf("decision.allowed_ips: %w", err)
+			}
+			d.AllowedIPs = append(d.AllowedIPs, pfx)
+		}
+	default:
+		return d, fmt.Errorf("decision.allowed_ips is %v, not an array", ast.ValueName(x))
+	}
+	d.Allow, d.Policy = bool(allow), string(policyName)
+	if !d.Allow {
+		d.Reason = string(reason)
+		if d.Reason == "" {
+			d.Reason = egress.ReasonNoPolicy
+		}
+	}
+	return d, nil
+}
+
+func field(obj ast.Object, key *ast.Term) ast.Value {
+	if t := obj.Get(key); t != nil {
+		return t.Value
+	}
+	return nil
+}
+
+func denyDetail(d egress.Decision, r egress.Request, host, ip string) string {
+	target := host
+	if target == "" {
+		target = ip
+	}
+	if strings.Contains(target, ":") {
+		target = "[" + target + "]"
+	}
+	target = fmt.Sprintf("%s:%d", target, r.Port)
+	switch d.Reason {
+	case egress.ReasonNoPolicy:
+		return "no network policy allows " + target
+	case egress.ReasonBinary:
+		return fmt.Sprintf("policy %q allows %s but not for %s", d.Policy, target, describeBinary(r.Identity))
+	}
+	return "denied by the policy rules"
+}
+
+func describeBinary(id egress.Identity) string {
+	if id.Binary == "" {
+		return "an unidentified process"
+	}
+	s := id.Binary
+	if len(id.CmdlinePaths) > 0 {
+		s += " (" + strings.Join(id.CmdlinePaths, ", ") + ")"
+	}
+	return s
+}

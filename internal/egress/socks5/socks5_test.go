@@ -1,0 +1,311 @@
+package socks5
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress"
+)
+
+type decider map[string]bool
+
+func (d decider) Decide(_ context.Context, r egress.Request) egress.Decision {
+	target := r.Host
+	if target == "" {
+		target = r.IP.String()
+	}
+	if d[target] {
+		return egress.Decision{Allow: true, Policy: "test"}
+	}
+	return egress.Decision{Reason: egress.ReasonNoPolicy, Detail: "not in test policy"}
+}
+
+func (d decider) NameAllowed(host string) bool { return d[host] }
+
+// dialer connects every allowed request to one local upstream and keeps
+// the requests it was asked for.
+type dialer struct {
+	addr string
+	mu   sync.Mutex
+	reqs []egress.Request
+}
+
+func (d *dialer) Dial(ctx context.Context, r egress.Request, _ []netip.Prefix) (net.Conn, error) {
+	d.mu.Lock()
+	d.reqs = append(d.reqs, r)
+	d.mu.Unlock()
+	var nd net.Dialer
+	return nd.DialContext(ctx, "tcp", d.addr)
+}
+
+func (d *dialer) last() egress.Request {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.reqs) == 0 {
+		return egress.Request{}
+	}
+	return d.reqs[len(d.reqs)-1]
+}
+
+type names map[netip.Addr]string
+
+func (n names) Lookup(ip netip.Addr) (string, bool) { h, ok := n[ip]; return h, ok }
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) events(t *testing.T) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for line := range bytes.Lines(l.b.Bytes()) {
+		var ev map[string]any
+		if err := json.Unmarshal(line, &ev); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func echoAtEOF(c net.Conn) {
+	b, _ := io.ReadAll(c)
+	c.Write(append([]byte("echo:"), b...))
+}
+
+func upstream(t *testing.T, handler func(net.Conn)) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handler(c)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+type harness struct {
+	addr   string
+	dialer *dialer
+	audit  *lockedBuffer
+}
+
+func start(t *testing.T, up string) *harness {
+	t.Helper()
+	h := &harness{dialer: &dialer{addr: up}, audit: &lockedBuffer{}}
+	s := &Server{
+		Gate: &egress.Gate{
+			Decider: decider{"allowed.test": true, "203.0.113.7": true, "2001:db8::1": true},
+			Dialer:  h.dialer,
+			Audit:   audit.New(h.audit),
+		},
+		Names: names{netip.MustParseAddr("198.18.0.1"): "allowed.test"},
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	h.addr = l.Addr().String()
+	return h
+}
+
+func (h *harness) dial(t *testing.T) *net.TCPConn {
+	t.Helper()
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c.(*net.TCPConn)
+}
+
+func connectReq(atyp byte, addr []byte, port uint16) []byte {
+	b := []byte{5, 1, 0, atyp}
+	if atyp == atypDomain {
+		b = append(b, byte(len(addr)))
+	}
+	b = append(b, addr...)
+	return binary.BigEndian.AppendUint16(b, port)
+}
+
+// connect greets, sends req and returns the reply code.
+func connect(t *testing.T, c net.Conn, req []byte) byte {
+	t.Helper()
+	if _, err := c.Write(append([]byte{5, 1, methodNoAuth}, req...)); err != nil {
+		t.Fatal(err)
+	}
+	var resp [12]byte
+	if _, err := io.ReadFull(c, resp[:]); err != nil {
+		t.Fatalf("reply: %v", err)
+	}
+	if !bytes.Equal(resp[:2], []byte{5, 0}) || resp[2] != 5 || resp[4] != 0 ||
+		!bytes.Equal(resp[5:], []byte{atypIPv4, 0, 0, 0, 0, 0, 0}) {
+		t.Fatalf("reply % x", resp)
+	}
+	return resp[3]
+}
+
+func TestConnectAddressTypes(t *testing.T) {
+	h := start(t, upstream(t, echoAtEOF))
+	tests := []struct {
+		name string
+		req  []byte
+		want egress.Request
+	}{
+		{"domain", connectReq(atypDomain, []byte("Allowed.Test"), 5432), egress.Request{Host: "allowed.test", Port: 5432}},
+		{"ipv4 synthetic", connectReq(atypIPv4, []byte{198, 18, 0, 1}, 443), egress.Request{Host: "allowed.test", Port: 443}},
+		{"ipv4 literal", connectReq(atypIPv4, []byte{203, 0, 113, 7}, 22), egress.Request{IP: netip.MustParseAddr("203.0.113.7"), Port: 22}},
+		{"ipv6", connectReq(atypIPv6, netip.MustParseAddr("2001:db8::1").AsSlice(), 443), egress.Request{IP: netip.MustParseAddr("2001:db8::1"), Port: 443}},
+		{"literal as domain", connectReq(atypDomain, []byte("203.0.113.7"), 80), egress.Request{IP: netip.MustParseAddr("203.0.113.7"), Port: 80}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := h.dial(t)
+			if code := connect(t, c, tt.req); code != RepSucceeded {
+				t.Fatalf("reply 0x%02x", code)
+			}
+			io.WriteString(c, "\x00payload")
+			c.CloseWrite()
+			if got, err := io.ReadAll(c); err != nil || string(got) != "echo:\x00payload" {
+				t.Fatalf("got %q %v", got, err)
+			}
+			got := h.dialer.last()
+			if got.Host != tt.want.Host || got.IP != tt.want.IP || got.Port != tt.want.Port || got.Via != egress.ViaSOCKS5 {
+				t.Fatalf("dialled %+v", got)
+			}
+		})
+	}
+}
+
+func TestDenied(t *testing.T) {
+	h := start(t, upstream(t, echoAtEOF))
+	for _, req := range [][]byte{
+		connectReq(atypDomain, []byte("evil.test"), 443),
+		connectReq(atypIPv4, []byte{203, 0, 113, 8}, 443),
+	} {
+		c := h.dial(t)
+		if code := connect(t, c, req); code != RepNotAllowed {
+			t.Fatalf("reply 0x%02x, want 0x02", code)
+		}
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("connection open after refusal")
+		}
+	}
+	evs := h.audit.events(t)
+	if len(evs) != 2 || evs[0][audit.FieldEvent] != audit.NetConnectDenied || evs[0]["host"] != "evil.test" || evs[1]["ip"] != "203.0.113.8" {
+		t.Fatalf("events %v", evs)
+	}
+}
+
+func TestUpstreamRefused(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	h := start(t, closed)
+	if code := connect(t, h.dial(t), connectReq(atypDomain, []byte("allowed.test"), 443)); code != RepConnectionRefused {
+		t.Fatalf("reply 0x%02x, want 0x05", code)
+	}
+}
+
+func TestUnsupported(t *testing.T) {
+	h := start(t, upstream(t, echoAtEOF))
+
+	c := h.dial(t)
+	c.Write([]byte{5, 1, 0x02}) // username/password only
+	if got, _ := io.ReadAll(c); !bytes.Equal(got, []byte{5, 0xff}) {
+		t.Fatalf("method reply % x", got)
+	}
+
+	bind := connectReq(atypDomain, []byte("allowed.test"), 443)
+	bind[1] = 0x02
+	if code := connect(t, h.dial(t), bind); code != RepCommandUnsupported {
+		t.Fatalf("BIND reply 0x%02x", code)
+	}
+	if code := connect(t, h.dial(t), []byte{5, 1, 0, 0x09, 1, 2}); code != RepAddressUnsupported {
+		t.Fatalf("bad atyp reply 0x%02x", code)
+	}
+	if code := connect(t, h.dial(t), connectReq(atypDomain, []byte("bad name!"), 443)); code != RepGeneralFailure {
+		t.Fatalf("bad name reply 0x%02x", code)
+	}
+	if h.dialer.last().Port != 0 {
+		t.Fatal("dialled for an unsupported request")
+	}
+
+	c = h.dial(t)
+	c.Write([]byte{4, 1, 0, 80, 1, 2, 3, 4, 0}) // SOCKS4
+	if got, _ := io.ReadAll(c); len(got) != 0 {
+		t.Fatalf("answered SOCKS4 with % x", got)
+	}
+}
+
+func TestFrontedSNI(t *testing.T) {
+	h := start(t, upstream(t, echoAtEOF))
+	c := h.dial(t)
+	if code := connect(t, c, connectReq(atypDomain, []byte("allowed.test"), 443)); code != RepSucceeded {
+		t.Fatalf("reply 0x%02x", code)
+	}
+	if err := tls.Client(c, &tls.Config{ServerName: "evil.test"}).Handshake(); err == nil {
+		t.Fatal("fronted handshake completed")
+	}
+	evs := h.audit.events(t)
+	if len(evs) != 2 || evs[1][audit.FieldEvent] != audit.NetConnectDenied || evs[1]["reason"] != egress.ReasonSNIMismatch {
+		t.Fatalf("events %v", evs)
+	}
+}
+
+func TestHandshakeDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the handshake timeout")
+	}
+	h := start(t, upstream(t, echoAtEOF))
+	c := h.dial(t)
+	c.SetDeadline(time.Now().Add(HandshakeTimeout + 5*time.Second))
+	c.Write([]byte{5, 1})
+	begin := time.Now()
+	io.ReadAll(c)
+	if d := time.Since(begin); d < HandshakeTimeout-time.Second || d > HandshakeTimeout+4*time.Second {
+		t.Fatalf("stalled client dropped after %v", d)
+	}
+}

@@ -1,0 +1,181 @@
+// Package transparent serves connections that nftables redirected from
+// their real destination: it recovers that destination, reads what the
+// client's first bytes claim, and lets the gate decide before relaying.
+package transparent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/relay"
+	"github.com/corral-sandbox/corral/internal/egress/sniff"
+	"github.com/corral-sandbox/corral/internal/linux/capture"
+)
+
+// replayTimeout bounds writing the peeked opening upstream.
+const replayTimeout = 10 * time.Second
+
+// Server is the transparent listener.
+type Server struct {
+	Gate  *egress.Gate
+	Names egress.Names
+	Log   *slog.Logger
+	// PeekTimeout is how long a silent client is waited for before its
+	// protocol is taken to be server-first; sniff.DefaultTimeout if 0.
+	PeekTimeout time.Duration
+	// IdleTimeout ends a tunnel with no traffic either way; 0 never.
+	IdleTimeout time.Duration
+	// OriginalDst recovers the pre-NAT destination; capture.ConnOriginalDst
+	// if nil. Tests substitute it to run without nftables.
+	OriginalDst func(*net.TCPConn) (netip.AddrPort, error)
+}
+
+// Serve accepts on l until ctx is done or l is closed; both return nil.
+// Open tunnels are closed when ctx is done.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	if s.Gate == nil {
+		return errors.New("transparent: no gate")
+	}
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// Typically EMFILE: waiting lets tunnels finish and free fds.
+			s.log().Warn("transparent accept failed", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		go s.handle(ctx, c)
+	}
+}
+
+func (s *Server) handle(ctx context.Context, conn net.Conn) {
+	c, ok := conn.(*net.TCPConn)
+	if !ok {
+		conn.Close()
+		return
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+
+	origDst := s.OriginalDst
+	if origDst == nil {
+		origDst = func(c *net.TCPConn) (netip.AddrPort, error) { return capture.ConnOriginalDst(c) }
+	}
+	dst, err := origDst(c)
+	if err != nil {
+		// Without a destination there is nothing to decide on; this is a
+		// direct connection to the listener or broken capture rules.
+		s.log().Warn("transparent connection without original destination", "source", c.RemoteAddr().String(), "err", err)
+		reset(c)
+		return
+	}
+	r := egress.Request{Port: dst.Port(), Via: egress.ViaTransparent, Source: remoteAddrPort(c)}
+	ip := dst.Addr().Unmap()
+	if s.Names != nil {
+		if host, ok := s.Names.Lookup(ip); ok {
+			r.Host = host
+		}
+	}
+	if r.Host == "" {
+		r.IP = ip
+	}
+
+	// A literal address names no host a claim could contradict, so only
+	// named destinations pay for the peek.
+	var opening []byte
+	if r.Host != "" {
+		var kind, name string
+		kind, name, opening, err = sniff.Peek(c, sniff.DefaultMax, s.PeekTimeout)
+		if err != nil && !errors.Is(err, sniff.ErrMalformed) {
+			s.log().Debug("transparent client failed before deciding", "source", r.Source.String(), "err", err)
+			reset(c)
+			return
+		}
+		if claim := sniff.Claim(kind, name, err); claim != "" {
+			r.Sniffed, r.SniffedKind = claim, kind
+		}
+	}
+
+	up, err := s.Gate.Connect(ctx, c, r)
+	if err != nil {
+		// The gate has recorded the refusal; an RST is the only reason a
+		// raw TCP client can be shown.
+		reset(c)
+		return
+	}
+
+	var client net.Conn = c
+	if len(opening) == 0 && r.Host != "" {
+		// The client waited out Peek: a server-first protocol, or a client
+		// hoping to send a fronted name unchecked. Let the server speak and
+		// check the client's first bytes when they come.
+		client = sniff.Guard(c, nil, sniff.DefaultMax, s.PeekTimeout, s.lateCheck(ctx, c, r))
+	} else if len(opening) > 0 {
+		up.SetWriteDeadline(time.Now().Add(replayTimeout))
+		_, err := up.Write(opening)
+		up.SetWriteDeadline(time.Time{})
+		if err != nil {
+			s.log().Debug("transparent replay upstream failed", "target", r.Target(), "err", err)
+			up.Close()
+			reset(c)
+			return
+		}
+	}
+	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
+		s.log().Debug("transparent tunnel ended", "target", r.Target(), "err", err)
+	}
+}
+
+// lateCheck refuses a guarded connection whose first bytes name another
+// host. It asks the gate again with the claim filled in so the refusal is
+// recorded like any other (the gate rejects the mismatch before dialling).
+func (s *Server) lateCheck(ctx context.Context, c *net.TCPConn, r egress.Request) func(kind, name string, err error) error {
+	return func(kind, name string, err error) error {
+		claim := sniff.Claim(kind, name, err)
+		if claim == "" || sniff.SameHost(claim, r.Host) {
+			return nil
+		}
+		r.Sniffed, r.SniffedKind = claim, kind
+		up, derr := s.Gate.Connect(ctx, c, r)
+		if derr == nil {
+			up.Close()
+			derr = errors.New("transparent: " + kind + " " + claim + " does not match " + r.Host)
+		}
+		// The relay closes c after this error; linger 0 makes that an RST.
+		c.SetLinger(0)
+		return derr
+	}
+}
+
+// reset closes c with an RST so the client sees a refusal, not a clean end.
+func reset(c *net.TCPConn) {
+	c.SetLinger(0)
+	c.Close()
+}
+
+func remoteAddrPort(c net.Conn) netip.AddrPort {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort()
+	}
+	return netip.AddrPort{}
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
