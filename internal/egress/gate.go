@@ -2,12 +2,14 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"strings"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress/sniff"
 )
 
 // Gate is the single path from a connection attempt to an upstream
@@ -68,6 +70,29 @@ func (g *Gate) decide(ctx context.Context, client net.Conn, r *Request) Decision
 		return Decision{Reason: ReasonEngine, Detail: "no decision engine"}
 	}
 	return g.Decider.Decide(ctx, *r)
+}
+
+// Recheck returns a check for sniff.Guard on a tunnel the gate already
+// allowed by name before the client spoke (CONNECT, SOCKS5, a slow
+// transparent client): a TLS or HTTP opening that names another host is
+// refused, because the dial went to the named host's address and a shared
+// front end would route by the inner name. The gate is asked again with
+// the claim, so the refusal is decided and recorded like any other (the
+// mismatch is rejected before dialling).
+func (g *Gate) Recheck(ctx context.Context, client net.Conn, r Request) func(kind, name string, err error) error {
+	return func(kind, name string, err error) error {
+		claim := sniff.Claim(kind, name, err)
+		if claim == "" || sniff.SameHost(claim, r.Host) {
+			return nil
+		}
+		r.Sniffed, r.SniffedKind = claim, kind
+		up, derr := g.Connect(ctx, client, r)
+		if derr == nil {
+			up.Close()
+			derr = errors.New(r.Via + ": " + kind + " " + claim + " does not match " + r.Host)
+		}
+		return derr
+	}
 }
 
 // report writes the one structured event of a connection.

@@ -48,24 +48,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("httpproxy: no gate")
 	}
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	backoff := 5 * time.Millisecond
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Typically EMFILE: waiting lets tunnels finish and free fds.
-			s.log().Warn("http proxy accept failed", "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
-		go s.handle(ctx, c)
-	}
+	return egress.Serve(ctx, l, s.log(), "http proxy", s.handle)
 }
 
 func (s *Server) handle(ctx context.Context, c net.Conn) {
@@ -128,33 +111,12 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, req 
 	ahead, _ := br.Peek(br.Buffered())
 	var client net.Conn = c
 	if r.Host != "" {
-		client = sniff.Guard(c, append([]byte(nil), ahead...), sniff.DefaultMax, sniff.DefaultTimeout, s.tunnelCheck(ctx, c, r))
+		client = sniff.Guard(c, append([]byte(nil), ahead...), sniff.DefaultMax, sniff.DefaultTimeout, s.Gate.Recheck(ctx, c, r))
 	} else if len(ahead) > 0 {
 		client = &prefixed{Conn: c, prefix: append([]byte(nil), ahead...)}
 	}
 	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
 		s.log().Debug("http proxy tunnel ended", "target", r.Target(), "err", err)
-	}
-}
-
-// tunnelCheck refuses a tunnel whose TLS or HTTP opening names a host
-// other than the one CONNECT named: the dial went to the CONNECT host's
-// address, and a shared front end would route by the inner name. The gate
-// is asked again with the claim so the refusal is recorded (it rejects the
-// mismatch before dialling).
-func (s *Server) tunnelCheck(ctx context.Context, c net.Conn, r egress.Request) func(kind, name string, err error) error {
-	return func(kind, name string, err error) error {
-		claim := sniff.Claim(kind, name, err)
-		if claim == "" || sniff.SameHost(claim, r.Host) {
-			return nil
-		}
-		r.Sniffed, r.SniffedKind = claim, kind
-		up, derr := s.Gate.Connect(ctx, c, r)
-		if derr == nil {
-			up.Close()
-			derr = errors.New("httpproxy: " + kind + " " + claim + " does not match " + r.Host)
-		}
-		return derr
 	}
 }
 

@@ -64,24 +64,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("socks5: no gate")
 	}
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	backoff := 5 * time.Millisecond
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Typically EMFILE: waiting lets tunnels finish and free fds.
-			s.log().Warn("socks5 accept failed", "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
-		go s.handle(ctx, c)
-	}
+	return egress.Serve(ctx, l, s.log(), "socks5", s.handle)
 }
 
 // target is what a CONNECT request names: a host or an address, and a port.
@@ -230,31 +213,10 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	c.SetDeadline(time.Time{})
 	var client net.Conn = c
 	if r.Host != "" {
-		client = sniff.Guard(c, nil, sniff.DefaultMax, sniff.DefaultTimeout, s.tunnelCheck(ctx, c, r))
+		client = sniff.Guard(c, nil, sniff.DefaultMax, sniff.DefaultTimeout, s.Gate.Recheck(ctx, c, r))
 	}
 	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
 		s.log().Debug("socks5 tunnel ended", "target", r.Target(), "err", err)
-	}
-}
-
-// tunnelCheck refuses a tunnel whose TLS or HTTP opening names a host
-// other than the one requested: the dial went to the requested host's
-// address, and a shared front end would route by the inner name. The gate
-// is asked again with the claim so the refusal is recorded (it rejects the
-// mismatch before dialling).
-func (s *Server) tunnelCheck(ctx context.Context, c net.Conn, r egress.Request) func(kind, name string, err error) error {
-	return func(kind, name string, err error) error {
-		claim := sniff.Claim(kind, name, err)
-		if claim == "" || sniff.SameHost(claim, r.Host) {
-			return nil
-		}
-		r.Sniffed, r.SniffedKind = claim, kind
-		up, derr := s.Gate.Connect(ctx, c, r)
-		if derr == nil {
-			up.Close()
-			derr = errors.New("socks5: " + kind + " " + claim + " does not match " + r.Host)
-		}
-		return derr
 	}
 }
 

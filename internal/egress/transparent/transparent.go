@@ -41,24 +41,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("transparent: no gate")
 	}
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	backoff := 5 * time.Millisecond
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Typically EMFILE: waiting lets tunnels finish and free fds.
-			s.log().Warn("transparent accept failed", "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
-		go s.handle(ctx, c)
-	}
+	return egress.Serve(ctx, l, s.log(), "transparent", s.handle)
 }
 
 func (s *Server) handle(ctx context.Context, conn net.Conn) {
@@ -139,23 +122,15 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	}
 }
 
-// lateCheck refuses a guarded connection whose first bytes name another
-// host. It asks the gate again with the claim filled in so the refusal is
-// recorded like any other (the gate rejects the mismatch before dialling).
+// lateCheck is the gate's Recheck, turning a refusal into an RST.
 func (s *Server) lateCheck(ctx context.Context, c *net.TCPConn, r egress.Request) func(kind, name string, err error) error {
+	check := s.Gate.Recheck(ctx, c, r)
 	return func(kind, name string, err error) error {
-		claim := sniff.Claim(kind, name, err)
-		if claim == "" || sniff.SameHost(claim, r.Host) {
-			return nil
+		derr := check(kind, name, err)
+		if derr != nil {
+			// The relay closes c after this error; linger 0 makes that an RST.
+			c.SetLinger(0)
 		}
-		r.Sniffed, r.SniffedKind = claim, kind
-		up, derr := s.Gate.Connect(ctx, c, r)
-		if derr == nil {
-			up.Close()
-			derr = errors.New("transparent: " + kind + " " + claim + " does not match " + r.Host)
-		}
-		// The relay closes c after this error; linger 0 makes that an RST.
-		c.SetLinger(0)
 		return derr
 	}
 }
