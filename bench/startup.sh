@@ -3,8 +3,9 @@
 # `bwrap --unshare-all ... true`, measured side by side in one hyperfine run
 # so machine noise hits both equally. Prints each mean and the ratio.
 #
-#   bench/startup.sh            # block mode (built-in default policy)
-#   RUNS=200 bench/startup.sh   # more runs
+#   bench/startup.sh             # block mode (built-in default policy)
+#   MODE=proxy bench/startup.sh  # proxy mode (capture, DNS and proxies set up)
+#   RUNS=200 bench/startup.sh    # more runs
 #
 # Needs root (bwrap's --unshare-all and corral's cgroups), bubblewrap and
 # hyperfine (apt-get install bubblewrap hyperfine).
@@ -21,7 +22,18 @@ trap 'rm -rf "$work"' EXIT
 CGO_ENABLED=0 go build -o "$work/corral" ./cmd/corral
 mkdir -p "$work/proj" "$work/state"
 
-corral="$work/corral run --log-level error --state-dir $work/state --workdir $work/proj -- true"
+policy=""
+if [ "${MODE:-block}" = "proxy" ]; then
+	cat >"$work/proxy.yaml" <<'YAML'
+version: 1
+filesystem_policy:
+  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc, /opt]
+network:
+  allow: ["example.invalid:443"]
+YAML
+	policy="--policy $work/proxy.yaml"
+fi
+corral="$work/corral run --log-level error --state-dir $work/state --workdir $work/proj $policy -- true"
 bwrap="bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
 
 hyperfine --style basic --warmup 10 --runs "$runs" --export-json "$work/result.json" \

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
@@ -30,6 +31,9 @@ type Dialer struct {
 	// dial replaces the real connect in tests, which cannot reach the
 	// addresses whose allow decision they check.
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
+
+	mu    sync.Mutex
+	cache map[string]cached
 }
 
 var _ egress.Dialer = (*Dialer)(nil)
@@ -119,13 +123,7 @@ func (d *Dialer) candidates(ctx context.Context, r egress.Request) ([]netip.Addr
 			raw = []netip.Addr{ip}
 			break
 		}
-		res := d.Resolver
-		if res == nil {
-			res = net.DefaultResolver
-		}
-		// Rooted, so resolv.conf search domains cannot turn an allowed
-		// name into a different one.
-		addrs, err := res.LookupNetIP(ctx, "ip", strings.TrimSuffix(r.Host, ".")+".")
+		addrs, err := d.lookup(ctx, r.Host)
 		if err != nil {
 			return nil, deny(fmt.Sprintf("resolve %s: %v", r.Host, err))
 		}
@@ -150,6 +148,49 @@ func (d *Dialer) candidates(ctx context.Context, r egress.Request) ([]netip.Addr
 		return nil, deny(fmt.Sprintf("%s has no addresses", r.Target()))
 	}
 	return out, nil
+}
+
+// cacheTTL is how long a resolution is reused. Short, so DNS changes reach
+// the sandbox quickly; long enough that a tool opening many connections to
+// one host pays for one lookup. Cached addresses are classified again on
+// every dial, so the cache cannot carry an internal address past the check.
+const (
+	cacheTTL     = 10 * time.Second
+	cacheEntries = 4096
+)
+
+type cached struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+// lookup resolves host through the resolver, reusing recent answers.
+func (d *Dialer) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	// Rooted, so resolv.conf search domains cannot turn an allowed name
+	// into a different one.
+	name := strings.TrimSuffix(host, ".") + "."
+	now := time.Now()
+	d.mu.Lock()
+	if c, ok := d.cache[name]; ok && now.Before(c.expires) {
+		d.mu.Unlock()
+		return c.addrs, nil
+	}
+	d.mu.Unlock()
+	res := d.Resolver
+	if res == nil {
+		res = net.DefaultResolver
+	}
+	addrs, err := res.LookupNetIP(ctx, "ip", name)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	if d.cache == nil || len(d.cache) >= cacheEntries {
+		d.cache = map[string]cached{}
+	}
+	d.cache[name] = cached{addrs: addrs, expires: now.Add(cacheTTL)}
+	d.mu.Unlock()
+	return addrs, nil
 }
 
 // check returns why ip is refused, or "" if it may be dialled. A

@@ -163,14 +163,31 @@ func holders(procs map[int]bool, target string) []int {
 	return out
 }
 
+// holds reports whether pid has target in its descriptor table. It looks
+// from the highest descriptor down: a connection being identified was just
+// made, so its socket is almost always the newest descriptor, and a process
+// holding a thousand tunnels is then answered with one readlink, not a
+// thousand.
 func holds(pid int, target string) bool {
 	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
-	ents, err := os.ReadDir(dir)
+	d, err := os.Open(dir)
 	if err != nil {
 		return false // exited, or not ours to read
 	}
-	for _, e := range ents {
-		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && l == target {
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return false
+	}
+	fds := make([]int, 0, len(names))
+	for _, n := range names {
+		if fd, err := strconv.Atoi(n); err == nil {
+			fds = append(fds, fd)
+		}
+	}
+	slices.Sort(fds)
+	for i := len(fds) - 1; i >= 0; i-- {
+		if l, err := os.Readlink(dir + "/" + strconv.Itoa(fds[i])); err == nil && l == target {
 			return true
 		}
 	}

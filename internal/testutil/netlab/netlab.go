@@ -56,6 +56,10 @@ const (
 	PortHTTPS  = 443
 	PortEcho   = 7000
 	PortBanner = 2222
+	// PortSource sends as many bytes as the decimal number on the first
+	// line asks for (at most maxSourceBytes), then closes: a download for
+	// throughput measurements.
+	PortSource = 7001
 )
 
 // Banner is what the banner server sends before reading anything.
@@ -68,7 +72,8 @@ const (
 	maxBody         = 1 << 20  // request body read and discarded per HTTP request
 	maxRecordedBody = 64 << 10 // part of the body kept in Seen
 	maxLog          = 100000   // entries kept per log; later ones are dropped
-	maxConns        = 256      // concurrent raw TCP connections per listener
+	maxConns        = 2048     // concurrent raw TCP connections per listener
+	maxSourceBytes  = 4 << 30
 	ioTimeout       = 10 * time.Second
 	connLifetime    = 60 * time.Second
 	maxEchoBytes    = 1 << 20
@@ -303,7 +308,7 @@ func Start(t testing.TB, hosts ...Host) *Lab {
 		}
 		for _, a := range addrs {
 			perAddr[a] = map[int]net.Listener{}
-			for _, port := range []int{PortHTTP, PortHTTPS, PortEcho, PortBanner} {
+			for _, port := range []int{PortHTTP, PortHTTPS, PortEcho, PortBanner, PortSource} {
 				ln, err := net.Listen("tcp4", netip.AddrPortFrom(a, uint16(port)).String())
 				if err != nil {
 					return err
@@ -348,6 +353,7 @@ func Start(t testing.TB, hosts ...Host) *Lab {
 		})
 		l.serveTCP(perAddr[a][PortEcho], "")
 		l.serveTCP(perAddr[a][PortBanner], Banner)
+		l.serveSource(perAddr[a][PortSource])
 	}
 
 	// A freshly raised veth may drop packets until the kernel has attached
@@ -628,6 +634,51 @@ func (l *Lab) dropConn(c net.Conn) {
 	l.mu.Lock()
 	delete(l.conns, c)
 	l.mu.Unlock()
+}
+
+// serveSource answers each connection with the number of bytes its first
+// line asks for.
+func (l *Lab) serveSource(ln net.Listener) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return // listener closed
+			}
+			l.mu.Lock()
+			if l.closed {
+				l.mu.Unlock()
+				c.Close()
+				return
+			}
+			l.conns[c] = struct{}{}
+			l.mu.Unlock()
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				defer l.dropConn(c)
+				_ = c.SetDeadline(time.Now().Add(connLifetime))
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil {
+					return
+				}
+				n, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+				if err != nil || n < 0 || n > maxSourceBytes {
+					return
+				}
+				buf := make([]byte, 256<<10)
+				for n > 0 {
+					k, err := c.Write(buf[:min(int64(len(buf)), n)])
+					if err != nil {
+						return
+					}
+					n -= int64(k)
+				}
+			}()
+		}
+	}()
 }
 
 // echo sends banner (if any), then writes back every line it reads until EOF,
