@@ -117,6 +117,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 				step = se.Step
 			}
 			s.Audit.Emit(audit.SandboxSetupError, "step", step, "error", retErr.Error(), "code", code)
+			// Every run ends with sandbox.exit, so consumers can pair it
+			// with the start of the run whatever happened in between.
+			s.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(s.start).Milliseconds())
 		}
 	}()
 

@@ -31,6 +31,7 @@ func runUncaged(ctx context.Context, o Options) (int, error) {
 			code = 127
 		}
 		o.Audit.Emit(audit.SandboxSetupError, "step", "execute "+o.Argv[0], "error", err.Error(), "code", code)
+		o.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(start).Milliseconds())
 		return code, err
 	}
 	o.Audit.Emit(audit.SandboxStartUncaged, "reason", o.UncagedReason, "policy_sha256", o.PolicySHA,
