@@ -300,7 +300,8 @@ func (s *supervisor) sysProcAttr() *syscall.SysProcAttr {
 		attr.GidMappingsEnableSetgroups = false
 		// The init runs as the invoking user inside its namespace and needs
 		// these to build the root; the exec stage drops them all.
-		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP}
+		// NET_BIND_SERVICE lets the capture's DNS listener take port 53.
+		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_NET_BIND_SERVICE, unix.CAP_SETPCAP}
 	}
 	return attr
 }

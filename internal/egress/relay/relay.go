@@ -7,9 +7,13 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
+
+// bufPool holds copy buffers; a direction holds one only while copying.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // ErrIdle ends a relay in which neither side sent anything for the idle
 // timeout.
@@ -65,8 +69,13 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 	if idle > 0 {
 		n, err = copyIdle(dst, src, idle, last)
 	} else {
-		// io.Copy lets *net.TCPConn splice(2) in the kernel.
-		n, err = io.Copy(dst, src)
+		// A plain buffered copy, not io.Copy's splice(2): splicing parks
+		// two pipes (four descriptors) per tunnel in a pool that only the
+		// garbage collector empties, so after a burst of tunnels the
+		// supervisor would hold thousands of idle descriptors.
+		buf := bufPool.Get().(*[]byte)
+		n, err = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *buf)
+		bufPool.Put(buf)
 	}
 	if err != nil {
 		return n, err
@@ -83,7 +92,9 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 // only if the other direction has been quiet too: a long download with a
 // silent client is not idle.
 func copyIdle(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
-	buf := make([]byte, 32<<10)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
 	var n int64
 	for {
 		if err := src.SetReadDeadline(time.Now().Add(idle)); err != nil {

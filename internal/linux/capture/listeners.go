@@ -180,14 +180,8 @@ func sockaddrAddr(sa unix.Sockaddr) netip.Addr {
 // listen creates the listening sockets. They are plain close-on-exec
 // sockets made with socket(2) rather than net.Listen, because they are
 // handed to another process and must not be tied to this one's poller.
-func listen(cfg Config, v6 bool) (l *Listeners, err error) {
-	l = &Listeners{IPv6: v6}
-	defer func() {
-		if err != nil {
-			l.Close()
-			l = nil
-		}
-	}()
+func listen(cfg Config, v6 bool) (*Listeners, error) {
+	l := &Listeners{IPv6: v6}
 	ports := map[string]uint16{
 		"dns-udp": cfg.DNSPort, "dns-tcp": cfg.DNSPort, "transparent4": cfg.TransparentPort,
 		"http-proxy": cfg.HTTPProxyPort, "socks": cfg.SOCKSPort,
@@ -196,6 +190,7 @@ func listen(cfg Config, v6 bool) (l *Listeners, err error) {
 	for _, s := range l.slots() {
 		f, err := socketFile(s, netip.AddrPortFrom(s.addr, ports[s.name]))
 		if err != nil {
+			l.Close()
 			return nil, fmt.Errorf("capture: listen %s on %s: %w", s.name, netip.AddrPortFrom(s.addr, ports[s.name]), err)
 		}
 		*s.field(l) = f

@@ -30,15 +30,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/linux/capture"
 )
 
 // maxAncestors bounds the walk up the process tree.
 const maxAncestors = 64
-
-// descendantsTTL is how long a snapshot of the sandbox's process tree is
-// reused. A connection from a process newer than the snapshot misses and
-// forces a fresh one, so the TTL only saves work, never correctness.
-const descendantsTTL = 2 * time.Second
 
 // Resolver implements egress.Identifier for one sandbox. The zero value
 // with InitPID set is ready; it is safe for concurrent use.
@@ -48,9 +44,8 @@ type Resolver struct {
 	// descendants.
 	InitPID int
 
-	procMu  sync.Mutex
-	procs   map[int]bool // InitPID and its descendants
-	procsAt time.Time
+	snapMu sync.Mutex
+	snap   *snapshot
 
 	trustMu sync.Mutex
 	trusted map[string]trustEntry // keyed by path as the sandbox sees it
@@ -70,30 +65,88 @@ func (r *Resolver) Identify(conn net.Conn) (egress.Identity, error) {
 	if r.InitPID <= 0 {
 		return egress.Identity{}, errors.New("procident: no sandbox init pid")
 	}
-	src, err := addrPort(conn.RemoteAddr())
+	started := time.Now()
+	client, err := addrPort(conn.RemoteAddr())
 	if err != nil {
 		return egress.Identity{}, err
 	}
-	inode, err := findSocket(fmt.Sprintf("/proc/%d/net", r.InitPID), src)
+	listener, err := addrPort(conn.LocalAddr())
 	if err != nil {
 		return egress.Identity{}, err
 	}
-	pid, pidfd, err := r.owner(inode)
-	if err != nil {
-		return egress.Identity{}, fmt.Errorf("procident: client %s: %w", src, err)
+	origDst, _ := capture.ConnOriginalDst(conn)
+	origDst = netip.AddrPortFrom(origDst.Addr().Unmap(), origDst.Port())
+	snap := r.current(time.Time{})
+	id, err := r.identifyFrom(snap, listener, client, origDst)
+	if err != nil && snap.taken.Before(started) {
+		// The snapshot predates the connection: it may not know the
+		// socket, or know an earlier one with the same addresses.
+		id, err = r.identifyFrom(r.current(started), listener, client, origDst)
 	}
-	defer unix.Close(pidfd)
-	id, err := r.identity(pid)
 	if err != nil {
-		return egress.Identity{}, err
-	}
-	// Everything above was read through /proc/<pid>; if the process is
-	// still alive now, the pid was not recycled in the meantime, so all of
-	// it described the socket's owner.
-	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		return egress.Identity{}, fmt.Errorf("procident: pid %d exited while being identified: %w", pid, err)
+		return egress.Identity{}, fmt.Errorf("procident: client %s: %w", client, err)
 	}
 	return id, nil
+}
+
+// identifyFrom identifies the client's process from one snapshot. Every
+// candidate process must have one identity; usually there is exactly one.
+func (r *Resolver) identifyFrom(snap *snapshot, listener, client, origDst netip.AddrPort) (egress.Identity, error) {
+	refs := snap.sockets(listener, client, origDst)
+	if len(refs) == 0 {
+		return egress.Identity{}, fmt.Errorf("no process of sandbox %d holds the socket", r.InitPID)
+	}
+	slices.SortFunc(refs, func(a, b fdRef) int { return a.pid - b.pid })
+	var id egress.Identity
+	seen := map[int]bool{}
+	for _, ref := range refs {
+		if seen[ref.pid] {
+			continue
+		}
+		got, err := r.identify(ref)
+		if err != nil {
+			return egress.Identity{}, err
+		}
+		if len(seen) == 0 {
+			id = got
+		}
+		seen[ref.pid] = true
+		if !sameIdentity(got, id) {
+			return egress.Identity{}, fmt.Errorf("candidate sockets belong to pid %d (%s) and pid %d (%s)",
+				id.PID, id.Binary, got.PID, got.Binary)
+		}
+	}
+	return id, nil
+}
+
+// identify pins the process holding ref with a pidfd, checks it still holds
+// the socket (the pid may have been recycled since the snapshot), reads its
+// identity, and checks it is still alive afterwards, so everything read
+// through /proc/<pid> described the socket's owner.
+func (r *Resolver) identify(ref fdRef) (egress.Identity, error) {
+	pidfd, err := unix.PidfdOpen(ref.pid, 0)
+	if err != nil {
+		return egress.Identity{}, fmt.Errorf("procident: pidfd_open %d: %w", ref.pid, err)
+	}
+	defer unix.Close(pidfd)
+	target := "socket:[" + strconv.FormatUint(ref.inode, 10) + "]"
+	if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", ref.pid, ref.fd)); err != nil || l != target {
+		return egress.Identity{}, fmt.Errorf("procident: pid %d no longer holds socket inode %d", ref.pid, ref.inode)
+	}
+	id, err := r.identity(ref.pid)
+	if err != nil {
+		return egress.Identity{}, err
+	}
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		return egress.Identity{}, fmt.Errorf("procident: pid %d exited while being identified: %w", ref.pid, err)
+	}
+	return id, nil
+}
+
+// sameIdentity compares what a policy can tell apart.
+func sameIdentity(a, b egress.Identity) bool {
+	return a.Binary == b.Binary && a.BinarySHA256 == b.BinarySHA256 &&
+		slices.Equal(a.Ancestors, b.Ancestors) && slices.Equal(a.CmdlinePaths, b.CmdlinePaths)
 }
 
 func addrPort(a net.Addr) (netip.AddrPort, error) {
@@ -109,125 +162,6 @@ func addrPort(a net.Addr) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("procident: remote address %q: %w", a, err)
 	}
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
-}
-
-// owner finds the sandbox process holding the socket and pins it with a
-// pidfd. A socket shared by processes running different executables (an
-// inherited descriptor) has no single owner and is refused.
-func (r *Resolver) owner(inode uint64) (int, int, error) {
-	target := "socket:[" + strconv.FormatUint(inode, 10) + "]"
-	procs, fresh := r.descendants(false)
-	pids := holders(procs, target)
-	if len(pids) == 0 && !fresh {
-		procs, _ = r.descendants(true)
-		pids = holders(procs, target)
-	}
-	if len(pids) == 0 {
-		return 0, -1, fmt.Errorf("socket inode %d is held by no process of sandbox %d", inode, r.InitPID)
-	}
-	exe := ""
-	for i, p := range pids {
-		e, err := exePath(p)
-		if err != nil {
-			return 0, -1, err
-		}
-		if i > 0 && e != exe {
-			return 0, -1, fmt.Errorf("socket inode %d is shared by pid %d (%s) and pid %d (%s)", inode, pids[0], exe, p, e)
-		}
-		exe = e
-	}
-	pid := pids[0] // the lowest pid: the likeliest creator
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return 0, -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
-	}
-	// The pid may have been recycled between the scan and pidfd_open; the
-	// process behind the pidfd must still hold the socket.
-	if !holds(pid, target) {
-		unix.Close(pidfd)
-		return 0, -1, fmt.Errorf("pid %d no longer holds socket inode %d", pid, inode)
-	}
-	return pid, pidfd, nil
-}
-
-// holders returns, in ascending order, the pids whose descriptor table
-// contains target.
-func holders(procs map[int]bool, target string) []int {
-	var out []int
-	for pid := range procs {
-		if holds(pid, target) {
-			out = append(out, pid)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// holds reports whether pid has target in its descriptor table. It looks
-// from the highest descriptor down: a connection being identified was just
-// made, so its socket is almost always the newest descriptor, and a process
-// holding a thousand tunnels is then answered with one readlink, not a
-// thousand.
-func holds(pid int, target string) bool {
-	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
-	d, err := os.Open(dir)
-	if err != nil {
-		return false // exited, or not ours to read
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return false
-	}
-	fds := make([]int, 0, len(names))
-	for _, n := range names {
-		if fd, err := strconv.Atoi(n); err == nil {
-			fds = append(fds, fd)
-		}
-	}
-	slices.Sort(fds)
-	for i := len(fds) - 1; i >= 0; i-- {
-		if l, err := os.Readlink(dir + "/" + strconv.Itoa(fds[i])); err == nil && l == target {
-			return true
-		}
-	}
-	return false
-}
-
-// descendants returns InitPID and its descendants, from the cached
-// snapshot unless it is stale or force is set; fresh reports whether the
-// snapshot was taken by this call.
-func (r *Resolver) descendants(force bool) (map[int]bool, bool) {
-	r.procMu.Lock()
-	defer r.procMu.Unlock()
-	if !force && r.procs != nil && time.Since(r.procsAt) < descendantsTTL {
-		return r.procs, false
-	}
-	children := map[int][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, err := parentOf(pid); err == nil {
-			children[ppid] = append(children[ppid], pid)
-		}
-	}
-	set := map[int]bool{r.InitPID: true}
-	queue := []int{r.InitPID}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			if !set[c] {
-				set[c] = true
-				queue = append(queue, c)
-			}
-		}
-	}
-	r.procs, r.procsAt = set, time.Now()
-	return set, true
 }
 
 // parentOf reads the ppid from /proc/<pid>/stat. The command name in

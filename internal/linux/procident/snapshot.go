@@ -1,0 +1,220 @@
+//go:build linux
+
+package procident
+
+import (
+	"bufio"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// snapshot is one reading of the sandbox's connection-tracking table,
+// socket tables and descriptor tables, shared by every Identify that
+// starts before the next reading. A burst of a thousand connections then
+// costs a few readings instead of a thousand full scans of /proc.
+type snapshot struct {
+	taken time.Time
+	// original maps a tracked connection's reply direction (what the
+	// supervisor's accepted socket sees: local, remote) to its original
+	// direction (what the sandbox's socket sees: source, destination).
+	original map[tuple]tuple
+	byTuple  map[tuple][]uint64          // sandbox socket (local, remote) → inodes
+	byLocal  map[netip.AddrPort][]uint64 // sandbox socket local address → inodes
+	byPeer   map[peer][]uint64           // sandbox socket (local address, remote) → inodes
+	holders  map[uint64][]fdRef          // socket inode → descriptors holding it
+	procs    map[int]bool                // InitPID and its descendants
+}
+
+type tuple struct{ a, b netip.AddrPort }
+
+type peer struct {
+	local  netip.Addr
+	remote netip.AddrPort
+}
+
+// fdRef is one descriptor of one process, and the socket it holds.
+type fdRef struct {
+	pid, fd int
+	inode   uint64
+}
+
+// current returns the newest snapshot, taking one if there is none or it
+// was taken before notBefore: a connection accepted at notBefore is in
+// every snapshot taken after it, so one snapshot serves all connections
+// that arrived while it was being read.
+func (r *Resolver) current(notBefore time.Time) *snapshot {
+	r.snapMu.Lock()
+	defer r.snapMu.Unlock()
+	if r.snap != nil && !r.snap.taken.Before(notBefore) {
+		return r.snap
+	}
+	r.snap = r.read()
+	return r.snap
+}
+
+func (r *Resolver) read() *snapshot {
+	s := &snapshot{
+		taken:    time.Now(),
+		original: map[tuple]tuple{},
+		byTuple:  map[tuple][]uint64{},
+		byLocal:  map[netip.AddrPort][]uint64{},
+		byPeer:   map[peer][]uint64{},
+		holders:  map[uint64][]fdRef{},
+	}
+	netDir := fmt.Sprintf("/proc/%d/net", r.InitPID)
+	s.readConntrack(netDir + "/nf_conntrack")
+	for _, f := range []string{"tcp", "tcp6"} {
+		s.readSockets(netDir + "/" + f)
+	}
+	s.procs = descendants(r.InitPID)
+	for pid := range s.procs {
+		s.readFDs(pid)
+	}
+	return s
+}
+
+// readConntrack fills original. Kernels built without the conntrack procfs
+// file leave it empty; the lookup then falls back to the local address.
+func (s *snapshot) readConntrack(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4096), 64<<10)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, " tcp ") {
+			continue
+		}
+		if t := parseTuples(line); len(t) == 2 {
+			s.original[tuple{t[1][0], t[1][1]}] = tuple{t[0][0], t[0][1]}
+		}
+	}
+}
+
+// readSockets indexes the non-listening sockets of one /proc/net/tcp{,6}
+// file. Sockets with inode 0 (TIME_WAIT, orphans) belong to no process.
+func (s *snapshot) readSockets(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return // a kernel without IPv6 has no tcp6
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Scan() // header
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 || fields[3] == tcpListen {
+			continue
+		}
+		local, err1 := parseHexAddrPort(fields[1])
+		remote, err2 := parseHexAddrPort(fields[2])
+		inode, err3 := strconv.ParseUint(fields[9], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil || inode == 0 {
+			continue
+		}
+		// A dual-stack socket lists IPv4 peers in their v4-mapped form.
+		local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+		remote = netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
+		s.byTuple[tuple{local, remote}] = append(s.byTuple[tuple{local, remote}], inode)
+		s.byLocal[local] = append(s.byLocal[local], inode)
+		s.byPeer[peer{local.Addr(), remote}] = append(s.byPeer[peer{local.Addr(), remote}], inode)
+	}
+}
+
+// readFDs records which sockets pid holds.
+func (s *snapshot) readFDs(pid int) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	d, err := os.Open(dir)
+	if err != nil {
+		return // exited, or not ours to read
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, n := range names {
+		l, err := os.Readlink(dir + n)
+		if err != nil {
+			continue
+		}
+		num, ok := strings.CutPrefix(l, "socket:[")
+		if !ok {
+			continue
+		}
+		inode, err := strconv.ParseUint(strings.TrimSuffix(num, "]"), 10, 64)
+		fd, err2 := strconv.Atoi(n)
+		if err == nil && err2 == nil {
+			s.holders[inode] = append(s.holders[inode], fdRef{pid: pid, fd: fd})
+		}
+	}
+}
+
+// sockets finds the sandbox sockets that can be the other end of a
+// connection the supervisor accepted on listener from client; origDst is
+// the connection's original destination (SO_ORIGINAL_DST) when known. It
+// returns the descriptors holding them; none means this snapshot does not
+// know the connection (yet).
+//
+// NAT may have changed the connection on its way to the listener: REDIRECT
+// rewrites the destination, and when two connections that differ only in
+// destination meet at one listener, conntrack rewrites the source port of
+// one of them too. The conntrack table, where readable, gives the exact
+// original tuple. Without it (a rootless supervisor cannot read it) the
+// original destination narrows the candidates to the sockets from the
+// client's address to that destination; if the port was rewritten there
+// may be several, and the caller accepts them only if they all belong to
+// processes with one identity.
+func (s *snapshot) sockets(listener, client, origDst netip.AddrPort) []fdRef {
+	var inodes []uint64
+	switch o, tracked := s.original[tuple{listener, client}]; {
+	case tracked:
+		inodes = s.byTuple[o]
+	case origDst.IsValid():
+		if inodes = s.byTuple[tuple{client, origDst}]; len(inodes) == 0 {
+			inodes = s.byPeer[peer{client.Addr(), origDst}]
+		}
+	default:
+		inodes = s.byLocal[client]
+	}
+	var refs []fdRef
+	for _, in := range inodes {
+		for _, ref := range s.holders[in] {
+			ref.inode = in
+			refs = append(refs, ref)
+		}
+	}
+	return refs
+}
+
+// descendants returns pid and every process below it.
+func descendants(root int) map[int]bool {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, err := parentOf(pid); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	set := map[int]bool{root: true}
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			if !set[c] {
+				set[c] = true
+				queue = append(queue, c)
+			}
+		}
+	}
+	return set
+}
