@@ -47,6 +47,9 @@ type Resolver struct {
 	snapMu sync.Mutex
 	snap   *snapshot
 
+	diagOnce sync.Once
+	diag     *diag // nil when sock_diag is unavailable
+
 	trustMu sync.Mutex
 	trusted map[string]trustEntry // keyed by path as the sandbox sees it
 
@@ -76,23 +79,76 @@ func (r *Resolver) Identify(conn net.Conn) (egress.Identity, error) {
 	}
 	origDst, _ := capture.ConnOriginalDst(conn)
 	origDst = netip.AddrPortFrom(origDst.Addr().Unmap(), origDst.Port())
-	snap := r.current(time.Time{})
-	id, err := r.identifyFrom(snap, listener, client, origDst)
-	if err != nil && snap.taken.Before(started) {
-		// The snapshot predates the connection: it may not know the
-		// socket, or know an earlier one with the same addresses.
-		id, err = r.identifyFrom(r.current(started), listener, client, origDst)
+	// Only a reading taken after the connection was accepted can know its
+	// socket; an older one could know an earlier socket with the same
+	// addresses instead. Connections arriving together share one reading.
+	refs := r.exact(client, origDst)
+	if len(refs) == 0 {
+		refs = r.current(started).sockets(listener, client, origDst)
 	}
+	id, err := r.identifyRefs(refs)
 	if err != nil {
 		return egress.Identity{}, fmt.Errorf("procident: client %s: %w", client, err)
 	}
 	return id, nil
 }
 
-// identifyFrom identifies the client's process from one snapshot. Every
+// exact finds the client's socket by its address pair with sock_diag and
+// the descriptors holding it; nothing when the pair names no socket (NAT
+// rewrote the client port) or sock_diag is unavailable, and the caller
+// falls back to a snapshot.
+func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
+	if !origDst.IsValid() {
+		return nil
+	}
+	r.diagOnce.Do(func() { r.diag, _ = openDiag(r.InitPID) })
+	if r.diag == nil {
+		return nil
+	}
+	inode, ok, err := r.diag.inode(client, origDst)
+	if err != nil || !ok {
+		return nil
+	}
+	target := "socket:[" + strconv.FormatUint(inode, 10) + "]"
+	var refs []fdRef
+	for pid := range descendants(r.InitPID) {
+		if fd := findFD(pid, target); fd >= 0 {
+			refs = append(refs, fdRef{pid: pid, fd: fd, inode: inode})
+		}
+	}
+	return refs
+}
+
+// findFD returns the descriptor of pid that holds target, or -1. It looks
+// from the highest descriptor down: the socket being identified was just
+// made, so it is almost always the newest, and a process holding a
+// thousand tunnels is answered with one readlink.
+func findFD(pid int, target string) int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	d, err := os.Open(dir)
+	if err != nil {
+		return -1 // exited, or not ours to read
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	fds := make([]int, 0, len(names))
+	for _, n := range names {
+		if fd, err := strconv.Atoi(n); err == nil {
+			fds = append(fds, fd)
+		}
+	}
+	slices.Sort(fds)
+	for i := len(fds) - 1; i >= 0; i-- {
+		if l, err := os.Readlink(dir + strconv.Itoa(fds[i])); err == nil && l == target {
+			return fds[i]
+		}
+	}
+	return -1
+}
+
+// identifyRefs identifies the process holding the client's socket. Every
 // candidate process must have one identity; usually there is exactly one.
-func (r *Resolver) identifyFrom(snap *snapshot, listener, client, origDst netip.AddrPort) (egress.Identity, error) {
-	refs := snap.sockets(listener, client, origDst)
+func (r *Resolver) identifyRefs(refs []fdRef) (egress.Identity, error) {
 	if len(refs) == 0 {
 		return egress.Identity{}, fmt.Errorf("no process of sandbox %d holds the socket", r.InitPID)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -22,11 +23,15 @@ type snapshot struct {
 	// supervisor's accepted socket sees: local, remote) to its original
 	// direction (what the sandbox's socket sees: source, destination).
 	original map[tuple]tuple
-	byTuple  map[tuple][]uint64          // sandbox socket (local, remote) → inodes
-	byLocal  map[netip.AddrPort][]uint64 // sandbox socket local address → inodes
-	byPeer   map[peer][]uint64           // sandbox socket (local address, remote) → inodes
-	holders  map[uint64][]fdRef          // socket inode → descriptors holding it
-	procs    map[int]bool                // InitPID and its descendants
+	// conntrack is read only when a connection's socket cannot be found
+	// without it, which is rare: reading it costs more than the rest.
+	conntrackOnce sync.Once
+	conntrackPath string
+	byTuple       map[tuple][]uint64          // sandbox socket (local, remote) → inodes
+	byLocal       map[netip.AddrPort][]uint64 // sandbox socket local address → inodes
+	byPeer        map[peer][]uint64           // sandbox socket (local address, remote) → inodes
+	holders       map[uint64][]fdRef          // socket inode → descriptors holding it
+	procs         map[int]bool                // InitPID and its descendants
 }
 
 type tuple struct{ a, b netip.AddrPort }
@@ -66,7 +71,7 @@ func (r *Resolver) read() *snapshot {
 		holders:  map[uint64][]fdRef{},
 	}
 	netDir := fmt.Sprintf("/proc/%d/net", r.InitPID)
-	s.readConntrack(netDir + "/nf_conntrack")
+	s.conntrackPath = netDir + "/nf_conntrack"
 	for _, f := range []string{"tcp", "tcp6"} {
 		s.readSockets(netDir + "/" + f)
 	}
@@ -89,7 +94,9 @@ func (s *snapshot) readConntrack(path string) {
 	sc.Buffer(make([]byte, 4096), 64<<10)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.Contains(line, " tcp ") {
+		// Closed connections linger in the table; none of them is being
+		// identified.
+		if !strings.Contains(line, " tcp ") || strings.Contains(line, "TIME_WAIT") || strings.Contains(line, " CLOSE") {
 			continue
 		}
 		if t := parseTuples(line); len(t) == 2 {
@@ -110,7 +117,9 @@ func (s *snapshot) readSockets(path string) {
 	sc.Scan() // header
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 || fields[3] == tcpListen {
+		// Inode 0 (TIME_WAIT, orphans) belongs to no process; these are
+		// most rows after a burst, so they are skipped before parsing.
+		if len(fields) < 10 || fields[3] == tcpListen || fields[9] == "0" {
 			continue
 		}
 		local, err1 := parseHexAddrPort(fields[1])
@@ -156,43 +165,89 @@ func (s *snapshot) readFDs(pid int) {
 
 // sockets finds the sandbox sockets that can be the other end of a
 // connection the supervisor accepted on listener from client; origDst is
-// the connection's original destination (SO_ORIGINAL_DST) when known. It
-// returns the descriptors holding them; none means this snapshot does not
-// know the connection (yet).
+// the connection's original destination (SO_ORIGINAL_DST). It returns the
+// descriptors holding them; none means this snapshot does not know the
+// connection.
 //
 // NAT may have changed the connection on its way to the listener: REDIRECT
 // rewrites the destination, and when two connections that differ only in
 // destination meet at one listener, conntrack rewrites the source port of
-// one of them too. The conntrack table, where readable, gives the exact
-// original tuple. Without it (a rootless supervisor cannot read it) the
-// original destination narrows the candidates to the sockets from the
-// client's address to that destination; if the port was rewritten there
-// may be several, and the caller accepts them only if they all belong to
-// processes with one identity.
+// one of them too, so the client port seen here may name no socket, or
+// another one. The sockets from the client's address to the original
+// destination are the candidates. When one process holds them all (the
+// usual case) that process is the answer whichever socket it is. Otherwise
+// the conntrack table, where readable, gives the exact original tuple;
+// where it is not (a rootless supervisor cannot read it) the caller accepts
+// the candidates only if all their processes have one identity.
 func (s *snapshot) sockets(listener, client, origDst netip.AddrPort) []fdRef {
-	var inodes []uint64
-	switch o, tracked := s.original[tuple{listener, client}]; {
-	case tracked:
-		inodes = s.byTuple[o]
-	case origDst.IsValid():
-		if inodes = s.byTuple[tuple{client, origDst}]; len(inodes) == 0 {
-			inodes = s.byPeer[peer{client.Addr(), origDst}]
-		}
-	default:
-		inodes = s.byLocal[client]
-	}
 	var refs []fdRef
+	if origDst.IsValid() {
+		refs = s.refs(s.byPeer[peer{client.Addr(), origDst}])
+	}
+	if len(refs) > 0 && onePID(refs) {
+		return refs
+	}
+	s.conntrackOnce.Do(func() { s.readConntrack(s.conntrackPath) })
+	if o, tracked := s.original[tuple{listener, client}]; tracked {
+		return s.refs(s.byTuple[o])
+	}
+	if len(refs) > 0 {
+		return refs
+	}
+	return s.refs(s.byLocal[client])
+}
+
+func (s *snapshot) refs(inodes []uint64) []fdRef {
+	var out []fdRef
 	for _, in := range inodes {
 		for _, ref := range s.holders[in] {
 			ref.inode = in
-			refs = append(refs, ref)
+			out = append(out, ref)
 		}
 	}
-	return refs
+	return out
 }
 
-// descendants returns pid and every process below it.
+func onePID(refs []fdRef) bool {
+	for _, r := range refs[1:] {
+		if r.pid != refs[0].pid {
+			return false
+		}
+	}
+	return true
+}
+
+// descendants returns root and every process below it. With
+// CONFIG_PROC_CHILDREN it walks down from root through each thread's
+// children list, touching only the sandbox's processes; otherwise it reads
+// the parent of every process on the host.
 func descendants(root int) map[int]bool {
+	set := map[int]bool{root: true}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d/children", root, root)); err != nil {
+		return descendantsByParent(root)
+	}
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil && !set[c] {
+					set[c] = true
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return set
+}
+
+func descendantsByParent(root int) map[int]bool {
 	children := map[int][]int{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
