@@ -50,6 +50,9 @@ type Resolver struct {
 	diagOnce sync.Once
 	diag     *diag // nil when sock_diag is unavailable
 
+	idMu sync.Mutex
+	ids  map[procKey]egress.Identity
+
 	trustMu sync.Mutex
 	trusted map[string]trustEntry // keyed by path as the sandbox sees it
 
@@ -199,6 +202,36 @@ func (r *Resolver) identify(ref fdRef) (egress.Identity, error) {
 	return id, nil
 }
 
+// procKey names one process for its whole life: a recycled pid has
+// another start time.
+type procKey struct {
+	pid, ppid int
+	start     uint64
+}
+
+// maxCachedIDs bounds the identity cache; it is emptied when full.
+const maxCachedIDs = 4096
+
+// processKey reads the parent and start time from /proc/<pid>/stat (fields
+// 4 and 22, counted after the parenthesised command name).
+func processKey(pid int) (procKey, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procKey{}, fmt.Errorf("procident: stat of pid %d: %w", pid, err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 20 {
+		return procKey{}, fmt.Errorf("procident: /proc/%d/stat too short", pid)
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil {
+		return procKey{}, fmt.Errorf("procident: /proc/%d/stat unparsable", pid)
+	}
+	return procKey{pid: pid, ppid: ppid, start: start}, nil
+}
+
 // sameIdentity compares what a policy can tell apart.
 func sameIdentity(a, b egress.Identity) bool {
 	return a.Binary == b.Binary && a.BinarySHA256 == b.BinarySHA256 &&
@@ -243,6 +276,37 @@ func parentOf(pid int) (int, error) {
 // identity reads the process's executable, ancestors and script paths and
 // checks each against the trust-on-first-use record.
 func (r *Resolver) identity(pid int) (egress.Identity, error) {
+	// The executable and ancestors of a process are fixed once it runs:
+	// its executable cannot be written while mapped (ETXTBSY), and its
+	// parent changes only by re-parenting, which changes the key. They are
+	// read once per process; the script, which can be edited while its
+	// interpreter runs, is checked on every connection.
+	key, err := processKey(pid)
+	if err != nil {
+		return egress.Identity{}, err
+	}
+	r.idMu.Lock()
+	id, cached := r.ids[key]
+	r.idMu.Unlock()
+	if !cached {
+		if id, err = r.lineage(pid); err != nil {
+			return egress.Identity{}, err
+		}
+		r.idMu.Lock()
+		if r.ids == nil || len(r.ids) >= maxCachedIDs {
+			r.ids = map[procKey]egress.Identity{}
+		}
+		r.ids[key] = id
+		r.idMu.Unlock()
+	}
+	if id.CmdlinePaths, err = r.cmdlinePaths(pid); err != nil {
+		return egress.Identity{}, err
+	}
+	return id, nil
+}
+
+// lineage reads the process's executable and its ancestors' executables.
+func (r *Resolver) lineage(pid int) (egress.Identity, error) {
 	id := egress.Identity{PID: pid}
 	var err error
 	if id.Binary, id.BinarySHA256, err = r.exeIdentity(pid); err != nil {
@@ -266,9 +330,6 @@ func (r *Resolver) identity(pid int) (egress.Identity, error) {
 		}
 		id.Ancestors = append(id.Ancestors, exe)
 		p = pp
-	}
-	if id.CmdlinePaths, err = r.cmdlinePaths(pid); err != nil {
-		return egress.Identity{}, err
 	}
 	return id, nil
 }
