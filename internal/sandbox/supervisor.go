@@ -72,9 +72,14 @@ type Options struct {
 // workload could not be executed (126/127); it has been audited already.
 func Run(ctx context.Context, o Options) (int, error) {
 	if o.UncagedReason != "" {
-		return runUncaged(ctx, o)
+		sigs, stop := catchSignals()
+		defer stop()
+		return runUncaged(ctx, o, sigs)
 	}
 	s := &supervisor{Options: o, start: time.Now(), pid: os.Getpid()}
+	var stop func()
+	s.sigs, stop = catchSignals()
+	defer stop()
 	s.pol = policyState{current: o.Policy, version: 1}
 	if o.Egress != nil {
 		s.pol.target = o.Egress.Engine
@@ -90,6 +95,7 @@ type supervisor struct {
 	cg    *cgroup.Cgroup
 	cmd   *exec.Cmd
 	pol   policyState
+	sigs  <-chan os.Signal
 }
 
 func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
@@ -321,6 +327,7 @@ func (s *supervisor) wait(ctx context.Context, term *terminal, msgs <-chan initp
 	}()
 	pid := s.cmd.Process.Pid
 	timedOut := watchdog{
+		sigs:     s.sigs,
 		signal:   func(sig syscall.Signal) { _ = unix.Kill(pid, sig) },
 		resize:   term.resize,
 		walltime: s.Walltime,

@@ -15,7 +15,7 @@ import (
 
 // runUncaged runs the command with no isolation at all. It still enforces
 // the walltime and still audits, so an uncaged run is never invisible.
-func runUncaged(ctx context.Context, o Options) (int, error) {
+func runUncaged(ctx context.Context, o Options, sigs <-chan os.Signal) (int, error) {
 	start := time.Now()
 	o.Log.Warn("RUNNING WITHOUT A SANDBOX: the command has the full access of this user to files, network and processes",
 		"reason", o.UncagedReason)
@@ -41,6 +41,7 @@ func runUncaged(ctx context.Context, o Options) (int, error) {
 	go func() { _ = cmd.Wait(); close(done) }()
 	pgid := -cmd.Process.Pid
 	timedOut := watchdog{
+		sigs:     sigs,
 		signal:   func(sig syscall.Signal) { _ = unix.Kill(pgid, sig) },
 		walltime: o.Walltime,
 		start:    start,

@@ -15,6 +15,7 @@ import (
 // walltime: SIGTERM, then SIGKILL after Grace. It returns when done closes,
 // reporting whether the walltime fired.
 type watchdog struct {
+	sigs     <-chan os.Signal     // from catchSignals
 	signal   func(syscall.Signal) // deliver a signal to the workload
 	resize   func()               // SIGWINCH: follow the user's terminal size
 	walltime time.Duration        // measured from start; 0 = none
@@ -22,10 +23,17 @@ type watchdog struct {
 	log      *slog.Logger
 }
 
-func (w watchdog) run(ctx context.Context, done <-chan struct{}) (timedOut bool) {
+// catchSignals starts catching the signals corral forwards. It is called
+// before the workload starts: a signal that arrived in between would
+// otherwise kill corral itself instead of reaching the workload.
+func catchSignals() (<-chan os.Signal, func()) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGWINCH)
-	defer signal.Stop(sigs)
+	return sigs, func() { signal.Stop(sigs) }
+}
+
+func (w watchdog) run(ctx context.Context, done <-chan struct{}) (timedOut bool) {
+	sigs := w.sigs
 
 	var deadline, grace <-chan time.Time
 	if w.walltime > 0 {
