@@ -41,8 +41,9 @@ func Execute(ctx context.Context, args []string) int {
 resources and network are governed by one declarative YAML policy.
 
 Without --policy, the built-in default policy is used: the working directory
-read-write, system directories read-only, a private /tmp and home, no network,
-the default seccomp profile and resource limits a laptop survives.`,
+read-write, system directories read-only, a private /tmp and home, every
+network connection captured and denied, the default seccomp profile and
+resource limits a laptop survives.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

@@ -22,7 +22,7 @@ func TestDefaultPolicy(t *testing.T) {
 	if !slices.Equal(p.FilesystemPolicy.ReadOnly, wantRO) || len(p.FilesystemPolicy.ReadWrite) != 0 {
 		t.Errorf("filesystem = %+v", p.FilesystemPolicy)
 	}
-	if p.NetworkMode() != ModeBlock || p.SeccompProfile() != SeccompDefault || p.State != StateNone {
+	if p.NetworkMode() != ModeProxy || p.SeccompProfile() != SeccompDefault || p.State != StateNone {
 		t.Errorf("mode %q seccomp %q state %q", p.NetworkMode(), p.SeccompProfile(), p.State)
 	}
 	l := p.Limits
@@ -35,7 +35,7 @@ func TestDefaultReturnsFreshCopies(t *testing.T) {
 	a, b := Default(), Default()
 	a.FilesystemPolicy.ReadOnly[0] = "/changed"
 	a.Network.Mode = ModeAllow
-	if b.FilesystemPolicy.ReadOnly[0] != "/usr" || b.Network.Mode != ModeBlock {
+	if b.FilesystemPolicy.ReadOnly[0] != "/usr" || b.Network.Mode != ModeProxy {
 		t.Errorf("Default() copies share state")
 	}
 	y := DefaultYAML()

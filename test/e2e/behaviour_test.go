@@ -223,7 +223,12 @@ func TestEnv(t *testing.T) {
 				t.Errorf("workload has %s=%q, want %q", k, env[k], v)
 			}
 		}
-		for k := range env {
+		for k, v := range env {
+			// The default policy's proxy mode points the proxy variables
+			// at the sandbox's own capture address.
+			if strings.HasSuffix(strings.ToLower(k), "_proxy") && (strings.Contains(v, "198.19.255.254") || strings.Contains(v, "localhost")) {
+				continue
+			}
 			if !slices.Contains(allowed, k) && !strings.HasPrefix(k, "LC_") {
 				t.Errorf("%s from corral's environment reached the workload", k)
 			}

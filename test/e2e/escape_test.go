@@ -226,8 +226,10 @@ var escapes = []escape{
 	{name: "socket-packet", args: []string{"socket-packet"}, wantErrno: "EPERM"},
 	{name: "socket-vsock", args: []string{"socket-vsock"}, wantErrno: "EPERM"},
 	{name: "socket-bluetooth", args: []string{"socket-bluetooth"}, wantErrno: "EPERM"},
-	{name: "socket-inet", args: []string{"socket-inet"}, wantErrno: "EPERM", control: controlAlways},
-	{name: "socket-inet6", args: []string{"socket-inet6"}, wantErrno: "EPERM", control: controlAlways},
+	// In block mode inet sockets are refused outright; in proxy mode (the
+	// default) they are allowed and every connection is captured.
+	{name: "socket-inet", args: []string{"socket-inet"}, policy: systemPolicy(""), wantErrno: "EPERM", control: controlAlways},
+	{name: "socket-inet6", args: []string{"socket-inet6"}, policy: systemPolicy(""), wantErrno: "EPERM", control: controlAlways},
 
 	// ---- privileges ----
 	{name: "setuid-0", args: []string{"setuid"}},
