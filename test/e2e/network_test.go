@@ -282,6 +282,8 @@ sec private
 $C --noproxy '*' http://private.test$P/private; echo " rc=$?"
 sec loop
 $C --noproxy '*' http://loop.test:$LOOPPORT$P/loop; echo " rc=$?"
+sec self
+$C --noproxy '*' http://self.test:$LOOPPORT$P/self; echo " rc=$?"
 sec meta_ip
 $C --noproxy '*' http://169.254.169.254/latest/meta-data/; echo " rc=$?"
 sec meta_name
@@ -623,10 +625,13 @@ func TestNetwork(t *testing.T) {
 	lab := netlab.Start(t, labHosts()...)
 	lab.AddRecord("private.test", netip.MustParseAddr("10.0.0.7"))
 	lab.AddRecord("loop.test", netip.MustParseAddr("127.0.0.1"))
+	// The host's own (non-loopback) address on the lab link.
+	lab.AddRecord("self.test", lab.HostAddr)
 	lab.AddRecord("meta.test", netip.MustParseAddr("169.254.169.254"))
 
-	// A service on the host's loopback: the sandbox must never reach it.
-	loopLn, err := net.Listen("tcp4", "127.0.0.1:0")
+	// A service of the host listening on every interface: the sandbox must
+	// reach it neither through loopback nor through the host's own address.
+	loopLn, err := net.Listen("tcp4", "0.0.0.0:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -739,6 +744,9 @@ func TestNetwork(t *testing.T) {
         port: 80
       - host: loop.test
         port: %d
+      - host: self.test
+        port: %d
+        allowed_ips: [198.51.100.0/24]
       - host: meta.test
         port: 80
   curlonly:
@@ -750,7 +758,7 @@ func TestNetwork(t *testing.T) {
   mycurl:
     endpoints: [{host: mycurl.test, port: 80}]
     binaries: [{path: %s/mycurl}]
-`, loopPort, fx.W, fx.W))
+`, loopPort, loopPort, fx.W, fx.W))
 				start := time.Now()
 				r := runCorral(t, fx, runOpts{
 					args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "main.sh")},
@@ -897,6 +905,8 @@ func TestNetwork(t *testing.T) {
 				n.event("net.connect.denied", map[string]any{"host": "private.test", "port": 80, "reason": "internal_address"})
 				n.has("loop", `rc=(56|7)\b`)
 				n.event("net.connect.denied", map[string]any{"host": "loop.test", "port": loopPort, "reason": "internal_address"})
+				n.has("self", `rc=(56|7)\b`)
+				n.event("net.connect.denied", map[string]any{"host": "self.test", "port": loopPort, "reason": "internal_address"})
 				if c := loopAccepted.Load(); c != 0 {
 					t.Errorf("the host loopback listener accepted %d connection(s) from the sandbox", c)
 				}

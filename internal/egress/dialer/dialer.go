@@ -34,6 +34,12 @@ type Dialer struct {
 
 	mu    sync.Mutex
 	cache map[string]cached
+
+	// Local lists the host's own addresses; nil means its interfaces'.
+	Local   func() ([]netip.Addr, error)
+	localMu sync.Mutex
+	local   map[netip.Addr]bool
+	localAt time.Time
 }
 
 var _ egress.Dialer = (*Dialer)(nil)
@@ -75,6 +81,12 @@ func (d *Dialer) Dial(ctx context.Context, r egress.Request, allowed []netip.Pre
 	var ok []netip.Addr
 	var refused []string
 	for _, ip := range cands {
+		if d.self(ip) {
+			// Listening on all interfaces makes a host service reachable
+			// at every address of the host, not only loopback.
+			refused = append(refused, fmt.Sprintf("%s (this host's own address, never allowed)", ip))
+			continue
+		}
 		if why := check(ip, allowed); why != "" {
 			refused = append(refused, why)
 			continue
@@ -191,6 +203,49 @@ func (d *Dialer) lookup(ctx context.Context, host string) ([]netip.Addr, error) 
 	d.cache[name] = cached{addrs: addrs, expires: now.Add(cacheTTL)}
 	d.mu.Unlock()
 	return addrs, nil
+}
+
+// localTTL is how long the host's address list is reused; addresses
+// change rarely, and a new one is picked up within this time.
+const localTTL = 5 * time.Second
+
+// self reports whether ip is one of the host's own addresses. If they
+// cannot be listed, every address counts as the host's: fail closed.
+func (d *Dialer) self(ip netip.Addr) bool {
+	d.localMu.Lock()
+	defer d.localMu.Unlock()
+	if d.local == nil || time.Since(d.localAt) > localTTL {
+		list := d.Local
+		if list == nil {
+			list = interfaceAddrs
+		}
+		addrs, err := list()
+		if err != nil {
+			return true
+		}
+		d.local = make(map[netip.Addr]bool, len(addrs))
+		for _, a := range addrs {
+			d.local[a.Unmap().WithZone("")] = true
+		}
+		d.localAt = time.Now()
+	}
+	return d.local[ip.Unmap().WithZone("")]
+}
+
+func interfaceAddrs() ([]netip.Addr, error) {
+	nets, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, n := range nets {
+		if ipn, ok := n.(*net.IPNet); ok {
+			if a, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, a)
+			}
+		}
+	}
+	return out, nil
 }
 
 // check returns why ip is refused, or "" if it may be dialled. A

@@ -331,3 +331,28 @@ func TestNew(t *testing.T) {
 		t.Errorf("New(upstream) resolver %+v", d.Resolver)
 	}
 }
+
+// A service listening on all interfaces is reachable at every address of
+// the host, so the host's own public addresses are refused like loopback,
+// whatever allowed_ips says.
+func TestHostOwnAddressRefused(t *testing.T) {
+	rec := &recorder{}
+	own := netip.MustParseAddr("203.0.113.77")
+	d := &Dialer{dial: rec.dial, Local: func() ([]netip.Addr, error) { return []netip.Addr{own}, nil }}
+	r := egress.Request{IP: own, Port: 22}
+	_, err := d.Dial(context.Background(), r, prefixes("203.0.113.0/24"))
+	wantDeny(t, err, egress.ReasonInternalAddress)
+	if len(rec.tried) != 0 {
+		t.Fatalf("dialled the host's own address: %v", rec.tried)
+	}
+	// Another public address is still fine.
+	c, err := d.Dial(context.Background(), egress.Request{IP: netip.MustParseAddr("203.0.113.78"), Port: 22}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// Failing to list the host's addresses fails closed.
+	d = &Dialer{dial: rec.dial, Local: func() ([]netip.Addr, error) { return nil, errors.New("no netlink") }}
+	_, err = d.Dial(context.Background(), egress.Request{IP: netip.MustParseAddr("203.0.113.78"), Port: 22}, nil)
+	wantDeny(t, err, egress.ReasonInternalAddress)
+}
