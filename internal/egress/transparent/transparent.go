@@ -100,6 +100,10 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		return
 	}
 
+	if r.SniffedKind == "http_host" {
+		s.relayHTTP(ctx, c, up, opening, r)
+		return
+	}
 	var client net.Conn = c
 	if len(opening) == 0 && r.Host != "" {
 		// The client waited out Peek: a server-first protocol, or a client

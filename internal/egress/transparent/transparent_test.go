@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"syscall"
@@ -431,5 +432,45 @@ func TestServeStops(t *testing.T) {
 	}
 	if err := (&Server{}).Serve(context.Background(), l); err == nil {
 		t.Fatal("Serve without a gate started")
+	}
+}
+
+// Every request on a kept-alive connection is checked, not just the first:
+// otherwise a second request could name another site at the same address.
+func TestKeepAliveFrontingReset(t *testing.T) {
+	seen := make(chan string, 4)
+	h := start(t, netip.AddrPortFrom(synthAllowed, 80), func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			seen <- req.Host
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	c := h.dial(t)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /one HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	io.WriteString(c, "GET /two HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if _, err := io.ReadAll(br); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("second request: %v, want connection reset", err)
+	}
+	if ev := h.lastEvent(t, audit.NetConnectDenied); ev["reason"] != egress.ReasonHostMismatch {
+		t.Fatalf("event %v", ev)
+	}
+	close(seen)
+	var hosts []string
+	for h := range seen {
+		hosts = append(hosts, h)
+	}
+	if len(hosts) != 1 || hosts[0] != "allowed.test" {
+		t.Fatalf("upstream saw %v, want only the first request", hosts)
 	}
 }
