@@ -15,6 +15,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
@@ -65,8 +67,12 @@ type Handler interface {
 	SetPolicy(yaml []byte, source string) error
 }
 
-// Serve listens on path until ctx is done.
-func Serve(ctx context.Context, path string, h Handler, log *slog.Logger) error {
+// Peer is the process at the other end of a control connection.
+type Peer struct{ PID, UID int }
+
+// Serve listens on path until ctx is done. allow vets each client before
+// its request is read; a refused client gets an error response.
+func Serve(ctx context.Context, path string, h Handler, allow func(Peer) error, log *slog.Logger) error {
 	_ = os.Remove(path)
 	// The run directory is 0700, so nobody else can reach the socket even
 	// in the moment before the chmod below.
@@ -88,15 +94,24 @@ func Serve(ctx context.Context, path string, h Handler, log *slog.Logger) error 
 			if err != nil {
 				return
 			}
-			go handle(c, h, log)
+			go handle(c, h, allow, log)
 		}
 	}()
 	return nil
 }
 
-func handle(c net.Conn, h Handler, log *slog.Logger) {
+func handle(c net.Conn, h Handler, allow func(Peer) error, log *slog.Logger) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	peer, err := peerOf(c)
+	if err == nil {
+		err = allow(peer)
+	}
+	if err != nil {
+		log.Warn("control connection refused", "err", err)
+		_ = json.NewEncoder(c).Encode(Response{Error: "refused: " + err.Error()})
+		return
+	}
 	var req Request
 	if err := json.NewDecoder(io.LimitReader(c, maxRequest)).Decode(&req); err != nil {
 		_ = json.NewEncoder(c).Encode(Response{Error: "bad request: " + err.Error()})
@@ -120,6 +135,30 @@ func handle(c net.Conn, h Handler, log *slog.Logger) {
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
 		log.Debug("control response", "err", err)
 	}
+}
+
+// peerOf reads the client's credentials from the kernel (SO_PEERCRED),
+// which the client cannot forge.
+func peerOf(c net.Conn) (Peer, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return Peer{}, errors.New("not a unix socket connection")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return Peer{}, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return Peer{}, err
+	}
+	if cerr != nil {
+		return Peer{}, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return Peer{PID: int(cred.Pid), UID: int(cred.Uid)}, nil
 }
 
 // Call sends one request to the sandbox's control socket.

@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 
@@ -24,6 +26,29 @@ type policyState struct {
 	current *policy.Policy
 	version int
 	target  Reloadable
+}
+
+// allowControl admits control clients of this user (or root) that are not
+// inside the sandbox. The sandbox runs as the same user when rootless, and
+// a policy may expose the state directory to it; it must never be able to
+// change its own network policy, so its processes are told apart by their
+// pid namespace, which they cannot leave.
+func (s *supervisor) allowControl(p control.Peer) error {
+	if p.UID != os.Getuid() && p.UID != 0 {
+		return fmt.Errorf("uid %d may not control a sandbox of uid %d", p.UID, os.Getuid())
+	}
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.PID))
+	if err != nil {
+		return fmt.Errorf("pid namespace of client %d: %w", p.PID, err)
+	}
+	sandbox, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", s.cmd.Process.Pid))
+	if err != nil {
+		return fmt.Errorf("pid namespace of the sandbox: %w", err)
+	}
+	if theirs == sandbox {
+		return errors.New("a process inside the sandbox may not control it")
+	}
+	return nil
 }
 
 // Status implements control.Handler.

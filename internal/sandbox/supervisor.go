@@ -218,7 +218,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.phase("workload running")
 	ctlCtx, stopCtl := context.WithCancel(ctx)
 	defer stopCtl()
-	if err := control.Serve(ctlCtx, statedir.Control(s.StateDir, s.ID), s, s.Log); err != nil {
+	if err := control.Serve(ctlCtx, statedir.Control(s.StateDir, s.ID), s, s.allowControl, s.Log); err != nil {
 		// The sandbox is fully confined without it; only live reloads and
 		// ps are lost, so this degrades instead of killing the workload.
 		s.Log.Warn("control socket unavailable: corral ps and policy set will not see this sandbox", "err", err)

@@ -322,3 +322,49 @@ func TestInteractiveShell(t *testing.T) {
 		}
 	})
 }
+
+// TestControlSocketRefusesTheSandbox: when a policy exposes the state
+// directory (rootless, the workload even has corral's uid), the workload
+// still cannot use the control socket to change its own policy.
+func TestControlSocketRefusesTheSandbox(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		script := `import glob, json, socket, sys
+socks = glob.glob(sys.argv[1] + "/run/*/control.sock")
+if not socks:
+    print("NOSOCK")
+for p in socks:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(p)
+    except OSError as e:
+        print("CONNECT-FAILED", e)
+        continue
+    s.sendall(json.dumps({"op": "set_policy", "policy": "version: 1\n"}).encode() + b"\n")
+    print("REPLY", s.recv(4096).decode().strip())
+`
+		writeOwned(t, m, filepath.Join(fx.W, "ctl.py"), []byte(script), 0o644)
+		pol := fmt.Sprintf(`version: 1
+filesystem_policy:
+  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc, %s]
+network: {mode: block}
+`, fx.state)
+		if err := os.MkdirAll(fx.state, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := chownTree(fx.state, m.uid, m.gid); err != nil && m.rootless {
+			t.Fatal(err)
+		}
+		r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/python3", filepath.Join(fx.W, "ctl.py"), fx.state}, policy: pol})
+		if r.code != 0 {
+			t.Fatalf("probe failed\n%s", r)
+		}
+		if strings.Contains(r.stdout, `"ok":true`) || len(r.find("policy.reloaded")) > 0 {
+			t.Fatalf("the workload changed its own policy through the control socket\n%s", r)
+		}
+		if m.rootless && !strings.Contains(r.stdout, "refused: a process inside the sandbox may not control it") {
+			t.Fatalf("rootless: want the control socket reached and the request refused\n%s", r)
+		}
+	})
+}
