@@ -253,6 +253,9 @@ func (b *builder) mounts() error {
 		mounts = append(mounts, Mount{Kind: KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why})
 		if !bd.readOnly {
 			b.checkWritable(bd.path, src)
+			if b.c.StateDir != "" && under(b.c.StateDir, []string{src}) {
+				b.warn("%s is read_write and holds corral's state directory %s: the sandbox can rewrite audit logs and other sessions' scratch", bd.path, b.c.StateDir)
+			}
 		}
 	}
 	u := b.pl.User

@@ -221,3 +221,20 @@ func TestResolveRefusesPlantedSymlink(t *testing.T) {
 		t.Fatalf("resolve /lib = %q, %v; want /usr/lib", got, err)
 	}
 }
+
+func TestWarnsWhenStateDirIsWritable(t *testing.T) {
+	p, err := policy.Parse([]byte("version: 1\nfilesystem_policy: {read_write: [/srv]}\n"), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := Build(p, Context{Workdir: "/home/ada/proj", StateDir: "/srv/data/corral", ID: "x", Session: "s"}, debianHost())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range pl.Warnings {
+		if strings.Contains(w, "holds corral's state directory /srv/data/corral") {
+			return
+		}
+	}
+	t.Fatalf("no warning about the writable state directory in %q", pl.Warnings)
+}
