@@ -59,6 +59,11 @@ user with no capabilities, no_new_privs, Landlock and a seccomp filter, in its
 own mount, pid, ipc, uts, cgroup and network namespaces, under cgroup limits
 and a walltime watchdog.
 
+In proxy network mode (the default policy's), every TCP connection and DNS
+query of the workload is captured and allowed only if a network policy names
+its host, port and binary; HTTP_PROXY, HTTPS_PROXY and ALL_PROXY point at
+corral's explicit proxies. Every decision is an audit event.
+
 The workload's environment is a small safe set (PATH, HOME, TERM, LANG, LC_*,
 TZ, USER, CORRAL_SANDBOX=1) plus what --env and --pass-env add.
 
