@@ -181,6 +181,15 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			return ExitSetupFailed, fmt.Errorf("move sandbox into its cgroup: %w", err)
 		}
 	}
+	// The control socket is up before the workload runs, so a policy
+	// update or a ps never finds a running sandbox without one.
+	ctlCtx, stopCtl := context.WithCancel(ctx)
+	defer stopCtl()
+	if err := control.Serve(ctlCtx, statedir.Control(s.StateDir, s.ID), s, s.allowControl, s.Log); err != nil {
+		// The sandbox is fully confined without it; only live reloads and
+		// ps are lost, so this degrades instead of killing the workload.
+		s.Log.Warn("control socket unavailable: corral ps and policy set will not see this sandbox", "err", err)
+	}
 	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, TTY: term != nil, RootDir: s.run_.root()}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
@@ -216,13 +225,6 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
 	}
 	s.phase("workload running")
-	ctlCtx, stopCtl := context.WithCancel(ctx)
-	defer stopCtl()
-	if err := control.Serve(ctlCtx, statedir.Control(s.StateDir, s.ID), s, s.allowControl, s.Log); err != nil {
-		// The sandbox is fully confined without it; only live reloads and
-		// ps are lost, so this degrades instead of killing the workload.
-		s.Log.Warn("control socket unavailable: corral ps and policy set will not see this sandbox", "err", err)
-	}
 	s.Audit.Emit(audit.SandboxStart,
 		"summary", s.Plan.Summary(s.ID),
 		"policy_sha256", s.PolicySHA,
