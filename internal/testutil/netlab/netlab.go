@@ -353,7 +353,7 @@ func Start(t testing.TB, hosts ...Host) *Lab {
 		})
 		l.serveTCP(perAddr[a][PortEcho], "")
 		l.serveTCP(perAddr[a][PortBanner], Banner)
-		l.serveSource(perAddr[a][PortSource])
+		l.serveRaw(perAddr[a][PortSource], source)
 	}
 
 	// A freshly raised veth may drop packets until the kernel has attached
@@ -592,6 +592,12 @@ func (l *Lab) httpHandler(names []string) http.Handler {
 // ---- raw TCP: echo and banner ----
 
 func (l *Lab) serveTCP(ln net.Listener, banner string) {
+	l.serveRaw(ln, func(c net.Conn) { echo(c, banner) })
+}
+
+// serveRaw accepts on ln and runs handle for each connection, at most
+// maxConns at a time; every connection is recorded and closed on shutdown.
+func (l *Lab) serveRaw(ln net.Listener, handle func(net.Conn)) {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -623,7 +629,7 @@ func (l *Lab) serveTCP(ln net.Listener, banner string) {
 				defer l.wg.Done()
 				defer func() { <-sem }()
 				defer l.dropConn(c)
-				echo(c, banner)
+				handle(c)
 			}()
 		}
 	}()
@@ -636,49 +642,25 @@ func (l *Lab) dropConn(c net.Conn) {
 	l.mu.Unlock()
 }
 
-// serveSource answers each connection with the number of bytes its first
-// line asks for.
-func (l *Lab) serveSource(ln net.Listener) {
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return // listener closed
-			}
-			l.mu.Lock()
-			if l.closed {
-				l.mu.Unlock()
-				c.Close()
-				return
-			}
-			l.conns[c] = struct{}{}
-			l.mu.Unlock()
-			l.wg.Add(1)
-			go func() {
-				defer l.wg.Done()
-				defer l.dropConn(c)
-				_ = c.SetDeadline(time.Now().Add(connLifetime))
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err != nil {
-					return
-				}
-				n, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-				if err != nil || n < 0 || n > maxSourceBytes {
-					return
-				}
-				buf := make([]byte, 256<<10)
-				for n > 0 {
-					k, err := c.Write(buf[:min(int64(len(buf)), n)])
-					if err != nil {
-						return
-					}
-					n -= int64(k)
-				}
-			}()
+// source sends as many bytes as the connection's first line asks for.
+func source(c net.Conn) {
+	_ = c.SetDeadline(time.Now().Add(connLifetime))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	if err != nil || n < 0 || n > maxSourceBytes {
+		return
+	}
+	buf := make([]byte, 256<<10)
+	for n > 0 {
+		k, err := c.Write(buf[:min(int64(len(buf)), n)])
+		if err != nil {
+			return
 		}
-	}()
+		n -= int64(k)
+	}
 }
 
 // echo sends banner (if any), then writes back every line it reads until EOF,
