@@ -26,7 +26,7 @@ func FuzzHandshake(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	s := &Server{Gate: &egress.Gate{Decider: decider{}, Dialer: &dialer{addr: "127.0.0.1:1"}}}
+	s := &Server{Gate: &egress.Gate{Decider: decider{}, Dialer: &dialer{Addr: "127.0.0.1:1"}}}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		client, server := net.Pipe()
 		done := make(chan struct{})

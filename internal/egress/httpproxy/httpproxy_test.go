@@ -2,7 +2,6 @@ package httpproxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -15,106 +14,23 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 )
 
-type decider map[string]bool
+// The fakes are shared with the other listeners' tests.
+type (
+	decider      = egresstest.Decider
+	dialer       = egresstest.Dialer
+	names        = egresstest.Names
+	lockedBuffer = egresstest.AuditBuffer
+)
 
-func (d decider) Decide(_ context.Context, r egress.Request) egress.Decision {
-	target := r.Host
-	if target == "" {
-		target = r.IP.String()
-	}
-	if d[target] {
-		return egress.Decision{Allow: true, Policy: "test"}
-	}
-	return egress.Decision{Reason: egress.ReasonNoPolicy, Detail: "not in test policy"}
-}
-
-func (d decider) NameAllowed(host string) bool { return d[host] }
-
-// dialer connects every allowed request to one local upstream and keeps
-// the requests it was asked for.
-type dialer struct {
-	addr string
-	mu   sync.Mutex
-	reqs []egress.Request
-}
-
-func (d *dialer) Dial(ctx context.Context, r egress.Request, _ []netip.Prefix) (net.Conn, error) {
-	d.mu.Lock()
-	d.reqs = append(d.reqs, r)
-	d.mu.Unlock()
-	var nd net.Dialer
-	return nd.DialContext(ctx, "tcp", d.addr)
-}
-
-func (d *dialer) requests() []egress.Request {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]egress.Request(nil), d.reqs...)
-}
-
-type names map[netip.Addr]string
-
-func (n names) Lookup(ip netip.Addr) (string, bool) { h, ok := n[ip]; return h, ok }
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) events(t *testing.T) []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range bytes.Lines(l.b.Bytes()) {
-		var ev map[string]any
-		if err := json.Unmarshal(line, &ev); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		out = append(out, ev)
-	}
-	return out
-}
-
-func echoAtEOF(c net.Conn) {
-	b, _ := io.ReadAll(c)
-	c.Write(append([]byte("echo:"), b...))
-}
-
-func rawUpstream(t *testing.T, handler func(net.Conn)) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handler(c)
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
+var echoAtEOF = egresstest.EchoAtEOF
 
 var synth = netip.MustParseAddr("198.18.0.1")
 
@@ -126,7 +42,7 @@ type harness struct {
 
 func start(t *testing.T, upstream string) *harness {
 	t.Helper()
-	h := &harness{dialer: &dialer{addr: upstream}, audit: &lockedBuffer{}}
+	h := &harness{dialer: &dialer{Addr: upstream}, audit: &lockedBuffer{}}
 	s := &Server{
 		Gate: &egress.Gate{
 			Decider: decider{"allowed.test": true, "example.com": true, "2001:db8::1": true},
@@ -164,7 +80,7 @@ func (h *harness) dial(t *testing.T) *net.TCPConn {
 }
 
 func TestConnectRelaysWithHalfClose(t *testing.T) {
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	// The first payload byte travels with the request, as eager clients
 	// send it.
@@ -180,14 +96,14 @@ func TestConnectRelaysWithHalfClose(t *testing.T) {
 	if err != nil || string(got) != "echo:\x00ahead after" {
 		t.Fatalf("got %q %v", got, err)
 	}
-	reqs := h.dialer.requests()
+	reqs := h.dialer.Requests()
 	if len(reqs) != 1 || reqs[0].Host != "allowed.test" || reqs[0].Port != 5432 || reqs[0].Via != egress.ViaHTTPConnect {
 		t.Fatalf("dialled %+v", reqs)
 	}
 }
 
 func TestConnectTargets(t *testing.T) {
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	for target, want := range map[string]egress.Request{
 		"198.18.0.1:443":    {Host: "allowed.test", Port: 443},
 		"[2001:db8::1]:443": {IP: netip.MustParseAddr("2001:db8::1"), Port: 443},
@@ -199,7 +115,7 @@ func TestConnectTargets(t *testing.T) {
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("%s: %v %v", target, resp, err)
 		}
-		reqs := h.dialer.requests()
+		reqs := h.dialer.Requests()
 		got := reqs[len(reqs)-1]
 		if got.Host != want.Host || got.IP != want.IP || got.Port != want.Port {
 			t.Errorf("%s: dialled %+v", target, got)
@@ -231,7 +147,7 @@ func readDeny(t *testing.T, c net.Conn, method string, status int) denyJSON {
 }
 
 func TestConnectDenied(t *testing.T) {
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	io.WriteString(c, "CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n")
 	body := readDeny(t, c, http.MethodConnect, http.StatusForbidden)
@@ -239,10 +155,10 @@ func TestConnectDenied(t *testing.T) {
 		body.Host != "evil.test" || body.Port != 443 || !strings.Contains(body.NextSteps, "corral policy set") {
 		t.Fatalf("body %+v", body)
 	}
-	if len(h.dialer.requests()) != 0 {
+	if len(h.dialer.Requests()) != 0 {
 		t.Fatal("dialled a denied target")
 	}
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if len(evs) != 1 || evs[0][audit.FieldEvent] != audit.NetConnectDenied || evs[0]["via"] != egress.ViaHTTPConnect {
 		t.Fatalf("events %v", evs)
 	}
@@ -264,7 +180,7 @@ func TestConnectUpstreamUnreachable(t *testing.T) {
 }
 
 func TestConnectFrontedSNI(t *testing.T) {
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	io.WriteString(c, "CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
 	br := bufio.NewReader(c)
@@ -275,7 +191,7 @@ func TestConnectFrontedSNI(t *testing.T) {
 	if err == nil {
 		t.Fatal("fronted handshake completed")
 	}
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if len(evs) != 2 || evs[1][audit.FieldEvent] != audit.NetConnectDenied || evs[1]["reason"] != egress.ReasonSNIMismatch {
 		t.Fatalf("events %v", evs)
 	}
@@ -309,7 +225,7 @@ func TestConnectMatchingSNI(t *testing.T) {
 		resp.Body.Close()
 		t.Fatal("SNI example.com passed through CONNECT allowed.test")
 	}
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if last := evs[len(evs)-1]; last[audit.FieldEvent] != audit.NetConnectDenied || last["reason"] != egress.ReasonSNIMismatch {
 		t.Fatalf("events %v", evs)
 	}
@@ -355,7 +271,7 @@ func TestForward(t *testing.T) {
 	if s.Header.Get("X-Keep") != "yes" {
 		t.Errorf("end-to-end header dropped: %v", s.Header)
 	}
-	if reqs := h.dialer.requests(); len(reqs) != 1 || reqs[0].Port != 80 || reqs[0].Via != egress.ViaHTTPForward {
+	if reqs := h.dialer.Requests(); len(reqs) != 1 || reqs[0].Port != 80 || reqs[0].Via != egress.ViaHTTPForward {
 		t.Fatalf("dialled %+v", reqs)
 	}
 
@@ -399,7 +315,7 @@ func TestForwardExpectContinue(t *testing.T) {
 }
 
 func TestForwardDenied(t *testing.T) {
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	io.WriteString(c, "GET http://evil.test:8080/ HTTP/1.1\r\nHost: evil.test:8080\r\n\r\n")
 	if body := readDeny(t, c, http.MethodGet, http.StatusForbidden); body.Reason != egress.ReasonNoPolicy || body.Host != "evil.test" || body.Port != 8080 {
@@ -408,7 +324,7 @@ func TestForwardDenied(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	for _, req := range []string{
 		"GET /relative HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
 		"GET https://allowed.test/ HTTP/1.1\r\n\r\n",
@@ -431,7 +347,7 @@ func TestBadRequests(t *testing.T) {
 	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("oversized head: %v %v", resp, err)
 	}
-	if n := len(h.dialer.requests()); n != 0 {
+	if n := len(h.dialer.Requests()); n != 0 {
 		t.Fatalf("dialled %d times for bad requests", n)
 	}
 }
@@ -440,7 +356,7 @@ func TestHeaderDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the header timeout")
 	}
-	h := start(t, rawUpstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	c.SetDeadline(time.Now().Add(HeaderTimeout + 5*time.Second))
 	io.WriteString(c, "CONNECT allowed.test:443 HTTP/1.1\r\n")

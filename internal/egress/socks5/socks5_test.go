@@ -5,113 +5,26 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
-	"encoding/json"
 	"io"
 	"net"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 )
 
-type decider map[string]bool
+// The fakes are shared with the other listeners' tests.
+type (
+	decider      = egresstest.Decider
+	dialer       = egresstest.Dialer
+	names        = egresstest.Names
+	lockedBuffer = egresstest.AuditBuffer
+)
 
-func (d decider) Decide(_ context.Context, r egress.Request) egress.Decision {
-	target := r.Host
-	if target == "" {
-		target = r.IP.String()
-	}
-	if d[target] {
-		return egress.Decision{Allow: true, Policy: "test"}
-	}
-	return egress.Decision{Reason: egress.ReasonNoPolicy, Detail: "not in test policy"}
-}
-
-func (d decider) NameAllowed(host string) bool { return d[host] }
-
-// dialer connects every allowed request to one local upstream and keeps
-// the requests it was asked for.
-type dialer struct {
-	addr string
-	mu   sync.Mutex
-	reqs []egress.Request
-}
-
-func (d *dialer) Dial(ctx context.Context, r egress.Request, _ []netip.Prefix) (net.Conn, error) {
-	d.mu.Lock()
-	d.reqs = append(d.reqs, r)
-	d.mu.Unlock()
-	var nd net.Dialer
-	return nd.DialContext(ctx, "tcp", d.addr)
-}
-
-func (d *dialer) last() egress.Request {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.reqs) == 0 {
-		return egress.Request{}
-	}
-	return d.reqs[len(d.reqs)-1]
-}
-
-type names map[netip.Addr]string
-
-func (n names) Lookup(ip netip.Addr) (string, bool) { h, ok := n[ip]; return h, ok }
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) events(t *testing.T) []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range bytes.Lines(l.b.Bytes()) {
-		var ev map[string]any
-		if err := json.Unmarshal(line, &ev); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		out = append(out, ev)
-	}
-	return out
-}
-
-func echoAtEOF(c net.Conn) {
-	b, _ := io.ReadAll(c)
-	c.Write(append([]byte("echo:"), b...))
-}
-
-func upstream(t *testing.T, handler func(net.Conn)) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handler(c)
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
+var echoAtEOF = egresstest.EchoAtEOF
 
 type harness struct {
 	addr   string
@@ -121,7 +34,7 @@ type harness struct {
 
 func start(t *testing.T, up string) *harness {
 	t.Helper()
-	h := &harness{dialer: &dialer{addr: up}, audit: &lockedBuffer{}}
+	h := &harness{dialer: &dialer{Addr: up}, audit: &lockedBuffer{}}
 	s := &Server{
 		Gate: &egress.Gate{
 			Decider: decider{"allowed.test": true, "203.0.113.7": true, "2001:db8::1": true},
@@ -185,7 +98,7 @@ func connect(t *testing.T, c net.Conn, req []byte) byte {
 }
 
 func TestConnectAddressTypes(t *testing.T) {
-	h := start(t, upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	tests := []struct {
 		name string
 		req  []byte
@@ -208,7 +121,7 @@ func TestConnectAddressTypes(t *testing.T) {
 			if got, err := io.ReadAll(c); err != nil || string(got) != "echo:\x00payload" {
 				t.Fatalf("got %q %v", got, err)
 			}
-			got := h.dialer.last()
+			got := h.dialer.Last()
 			if got.Host != tt.want.Host || got.IP != tt.want.IP || got.Port != tt.want.Port || got.Via != egress.ViaSOCKS5 {
 				t.Fatalf("dialled %+v", got)
 			}
@@ -217,7 +130,7 @@ func TestConnectAddressTypes(t *testing.T) {
 }
 
 func TestDenied(t *testing.T) {
-	h := start(t, upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	for _, req := range [][]byte{
 		connectReq(atypDomain, []byte("evil.test"), 443),
 		connectReq(atypIPv4, []byte{203, 0, 113, 8}, 443),
@@ -230,7 +143,7 @@ func TestDenied(t *testing.T) {
 			t.Fatal("connection open after refusal")
 		}
 	}
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if len(evs) != 2 || evs[0][audit.FieldEvent] != audit.NetConnectDenied || evs[0]["host"] != "evil.test" || evs[1]["ip"] != "203.0.113.8" {
 		t.Fatalf("events %v", evs)
 	}
@@ -250,7 +163,7 @@ func TestUpstreamRefused(t *testing.T) {
 }
 
 func TestUnsupported(t *testing.T) {
-	h := start(t, upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 
 	c := h.dial(t)
 	c.Write([]byte{5, 1, 0x02}) // username/password only
@@ -269,7 +182,7 @@ func TestUnsupported(t *testing.T) {
 	if code := connect(t, h.dial(t), connectReq(atypDomain, []byte("bad name!"), 443)); code != RepGeneralFailure {
 		t.Fatalf("bad name reply 0x%02x", code)
 	}
-	if h.dialer.last().Port != 0 {
+	if h.dialer.Last().Port != 0 {
 		t.Fatal("dialled for an unsupported request")
 	}
 
@@ -281,7 +194,7 @@ func TestUnsupported(t *testing.T) {
 }
 
 func TestFrontedSNI(t *testing.T) {
-	h := start(t, upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	if code := connect(t, c, connectReq(atypDomain, []byte("allowed.test"), 443)); code != RepSucceeded {
 		t.Fatalf("reply 0x%02x", code)
@@ -289,7 +202,7 @@ func TestFrontedSNI(t *testing.T) {
 	if err := tls.Client(c, &tls.Config{ServerName: "evil.test"}).Handshake(); err == nil {
 		t.Fatal("fronted handshake completed")
 	}
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if len(evs) != 2 || evs[1][audit.FieldEvent] != audit.NetConnectDenied || evs[1]["reason"] != egress.ReasonSNIMismatch {
 		t.Fatalf("events %v", evs)
 	}
@@ -299,7 +212,7 @@ func TestHandshakeDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the handshake timeout")
 	}
-	h := start(t, upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, echoAtEOF))
 	c := h.dial(t)
 	c.SetDeadline(time.Now().Add(HandshakeTimeout + 5*time.Second))
 	c.Write([]byte{5, 1})

@@ -2,122 +2,33 @@ package transparent
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 )
 
-type decider map[string]bool
+// The fakes are shared with the other listeners' tests.
+type (
+	decider      = egresstest.Decider
+	dialer       = egresstest.Dialer
+	names        = egresstest.Names
+	lockedBuffer = egresstest.AuditBuffer
+)
 
-func (d decider) Decide(_ context.Context, r egress.Request) egress.Decision {
-	target := r.Host
-	if target == "" {
-		target = r.IP.String()
-	}
-	if d[target] {
-		return egress.Decision{Allow: true, Policy: "test"}
-	}
-	return egress.Decision{Reason: egress.ReasonNoPolicy, Detail: "not in test policy"}
-}
-
-func (d decider) NameAllowed(host string) bool { return d[host] }
-
-// dialer connects every allowed request to one local upstream and keeps
-// the requests it was asked for.
-type dialer struct {
-	addr string
-	mu   sync.Mutex
-	reqs []egress.Request
-}
-
-func (d *dialer) Dial(ctx context.Context, r egress.Request, _ []netip.Prefix) (net.Conn, error) {
-	d.mu.Lock()
-	d.reqs = append(d.reqs, r)
-	d.mu.Unlock()
-	var nd net.Dialer
-	return nd.DialContext(ctx, "tcp", d.addr)
-}
-
-func (d *dialer) requests() []egress.Request {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]egress.Request(nil), d.reqs...)
-}
-
-type names map[netip.Addr]string
-
-func (n names) Lookup(ip netip.Addr) (string, bool) { h, ok := n[ip]; return h, ok }
-
-// lockedBuffer lets the test read what the audit logger writes concurrently.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) events(t *testing.T) []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range bytes.Lines(l.b.Bytes()) {
-		var ev map[string]any
-		if err := json.Unmarshal(line, &ev); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		out = append(out, ev)
-	}
-	return out
-}
-
-// upstream serves handler on 127.0.0.1:0.
-func upstream(t *testing.T, handler func(net.Conn)) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handler(c)
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
-
-// echoAtEOF answers only after the client's EOF, so a passing test proves
-// half-close travels both ways.
-func echoAtEOF(c net.Conn) {
-	b, _ := io.ReadAll(c)
-	c.Write(append([]byte("echo:"), b...))
-}
+var echoAtEOF = egresstest.EchoAtEOF
 
 var (
 	synthAllowed = netip.MustParseAddr("198.18.0.1")
@@ -132,7 +43,7 @@ type harness struct {
 
 func start(t *testing.T, dst netip.AddrPort, up func(net.Conn)) *harness {
 	t.Helper()
-	h := &harness{dialer: &dialer{addr: upstream(t, up)}, audit: &lockedBuffer{}}
+	h := &harness{dialer: &dialer{Addr: egresstest.Upstream(t, up)}, audit: &lockedBuffer{}}
 	s := &Server{
 		Gate: &egress.Gate{
 			Decider: decider{"allowed.test": true, "203.0.113.7": true},
@@ -174,7 +85,7 @@ func (h *harness) dial(t *testing.T) *net.TCPConn {
 // lastEvent returns the last audit event, failing unless it is event.
 func (h *harness) lastEvent(t *testing.T, event string) map[string]any {
 	t.Helper()
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if len(evs) == 0 {
 		t.Fatal("no audit event")
 	}
@@ -222,7 +133,7 @@ func TestRawTCPRelayed(t *testing.T) {
 	if ev["host"] != "allowed.test" || ev["port"] != float64(5432) || ev["via"] != egress.ViaTransparent {
 		t.Fatalf("event %v", ev)
 	}
-	if reqs := h.dialer.requests(); len(reqs) != 1 || reqs[0].Host != "allowed.test" || reqs[0].Sniffed != "" {
+	if reqs := h.dialer.Requests(); len(reqs) != 1 || reqs[0].Host != "allowed.test" || reqs[0].Sniffed != "" {
 		t.Fatalf("dialled %+v", reqs)
 	}
 }
@@ -245,7 +156,7 @@ func TestTLSMatchingSNIReplayed(t *testing.T) {
 	if sni := <-got; sni != "allowed.test" {
 		t.Fatalf("upstream saw SNI %q", sni)
 	}
-	if reqs := h.dialer.requests(); len(reqs) != 1 || reqs[0].Sniffed != "allowed.test" || reqs[0].SniffedKind != sniff.KindTLS {
+	if reqs := h.dialer.Requests(); len(reqs) != 1 || reqs[0].Sniffed != "allowed.test" || reqs[0].SniffedKind != sniff.KindTLS {
 		t.Fatalf("dialled %+v", reqs)
 	}
 }
@@ -261,7 +172,7 @@ func TestSNIMismatchReset(t *testing.T) {
 	if ev["reason"] != egress.ReasonSNIMismatch || ev["host"] != "allowed.test" {
 		t.Fatalf("event %v", ev)
 	}
-	if n := len(h.dialer.requests()); n != 0 {
+	if n := len(h.dialer.Requests()); n != 0 {
 		t.Fatalf("dialled %d times for a fronted hello", n)
 	}
 }
@@ -305,7 +216,7 @@ func TestLiteralIP(t *testing.T) {
 	if got, err := io.ReadAll(c); err != nil || string(got) != "echo:SSH-2.0-test\r\n" {
 		t.Fatalf("got %q %v", got, err)
 	}
-	if reqs := h.dialer.requests(); len(reqs) != 1 || reqs[0].Host != "" || reqs[0].IP.String() != "203.0.113.7" || reqs[0].Port != 22 {
+	if reqs := h.dialer.Requests(); len(reqs) != 1 || reqs[0].Host != "" || reqs[0].IP.String() != "203.0.113.7" || reqs[0].Port != 22 {
 		t.Fatalf("dialled %+v", reqs)
 	}
 
@@ -358,7 +269,7 @@ func TestLateFrontingReset(t *testing.T) {
 	if _, err := io.ReadAll(r); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read: %v, want connection reset", err)
 	}
-	evs := h.audit.events(t)
+	evs := h.audit.Events(t)
 	if len(evs) != 2 || evs[0][audit.FieldEvent] != audit.NetConnectAllowed ||
 		evs[1][audit.FieldEvent] != audit.NetConnectDenied || evs[1]["reason"] != egress.ReasonHostMismatch {
 		t.Fatalf("events %v", evs)
@@ -366,7 +277,7 @@ func TestLateFrontingReset(t *testing.T) {
 }
 
 func TestNoOriginalDst(t *testing.T) {
-	d := &dialer{addr: "unused"}
+	d := &dialer{Addr: "unused"}
 	s := &Server{Gate: &egress.Gate{Decider: decider{}, Dialer: d}, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
 		return netip.AddrPort{}, errors.New("no conntrack entry")
 	}}
@@ -378,7 +289,7 @@ func TestNoOriginalDst(t *testing.T) {
 	defer cancel()
 	go s.Serve(ctx, l)
 	(&harness{addr: l.Addr().String()}).expectResetOnDial(t)
-	if len(d.requests()) != 0 {
+	if len(d.Requests()) != 0 {
 		t.Fatal("dialled without a destination")
 	}
 }
