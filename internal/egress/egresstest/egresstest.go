@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
 )
@@ -130,4 +131,36 @@ func Upstream(t testing.TB, handler func(net.Conn)) string {
 		}
 	}()
 	return l.Addr().String()
+}
+
+// Serve runs a listener's Serve on 127.0.0.1:0 until the test ends, fails
+// the test if Serve returns an error, and returns the address.
+func Serve(t testing.TB, serve func(context.Context, net.Listener) error) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return l.Addr().String()
+}
+
+// Dial connects to addr with a 5 s deadline, closed when the test ends.
+func Dial(t testing.TB, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c.(*net.TCPConn)
 }

@@ -2,7 +2,6 @@ package socks5
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"io"
@@ -43,33 +42,11 @@ func start(t *testing.T, up string) *harness {
 		},
 		Names: names{netip.MustParseAddr("198.18.0.1"): "allowed.test"},
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	h.addr = l.Addr().String()
+	h.addr = egresstest.Serve(t, s.Serve)
 	return h
 }
 
-func (h *harness) dial(t *testing.T) *net.TCPConn {
-	t.Helper()
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	return c.(*net.TCPConn)
-}
+func (h *harness) dial(t *testing.T) *net.TCPConn { return egresstest.Dial(t, h.addr) }
 
 func connectReq(atyp byte, addr []byte, port uint16) []byte {
 	b := []byte{5, 1, 0, atyp}

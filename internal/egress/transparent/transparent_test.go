@@ -54,33 +54,11 @@ func start(t *testing.T, dst netip.AddrPort, up func(net.Conn)) *harness {
 		PeekTimeout: 50 * time.Millisecond,
 		OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil },
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	h.addr = l.Addr().String()
+	h.addr = egresstest.Serve(t, s.Serve)
 	return h
 }
 
-func (h *harness) dial(t *testing.T) *net.TCPConn {
-	t.Helper()
-	c, err := net.Dial("tcp", h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	return c.(*net.TCPConn)
-}
+func (h *harness) dial(t *testing.T) *net.TCPConn { return egresstest.Dial(t, h.addr) }
 
 // lastEvent returns the last audit event, failing unless it is event.
 func (h *harness) lastEvent(t *testing.T, event string) map[string]any {
