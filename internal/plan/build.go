@@ -13,6 +13,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp"
+	"github.com/corral-sandbox/corral/internal/pathwalk"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
@@ -402,43 +403,19 @@ func (e *linkError) Error() string {
 // refuses any symlink that sits inside a writable path: the workload could
 // have planted it in an earlier run to have a later run mount, say, ~/.ssh.
 func resolve(fsys FileSystem, path string, writable []string) (string, error) {
-	rest := strings.Split(path, "/")
-	cur, links := "/", 0
-	for len(rest) > 0 {
-		name := rest[0]
-		rest = rest[1:]
-		switch name {
-		case "", ".":
-			continue
-		case "..":
-			cur = filepath.Dir(cur)
-			continue
+	return pathwalk.Resolve(walkFS{fsys}, path, func(link, target string) error {
+		if under(link, writable) {
+			return &linkError{link, target}
 		}
-		next := filepath.Join(cur, name)
-		fi, err := fsys.Lstat(next)
-		if err != nil {
-			return "", err
-		}
-		if fi.Type != TypeSymlink {
-			cur = next
-			continue
-		}
-		target, err := fsys.Readlink(next)
-		if err != nil {
-			return "", err
-		}
-		if under(next, writable) {
-			return "", &linkError{next, target}
-		}
-		if links++; links > 40 {
-			return "", fmt.Errorf("too many symlinks resolving %s", path)
-		}
-		if filepath.IsAbs(target) {
-			cur = "/"
-		}
-		rest = append(strings.Split(target, "/"), rest...)
-	}
-	return cur, nil
+		return nil
+	})
+}
+
+type walkFS struct{ FileSystem }
+
+func (w walkFS) IsLink(p string) (bool, error) {
+	fi, err := w.Lstat(p)
+	return fi.Type == TypeSymlink, err
 }
 
 // under reports whether p is one of roots or below one of them.

@@ -12,14 +12,13 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/pathwalk"
 )
 
-// Bounds on the command-line scan: enough for any interpreter invocation,
-// small enough that a huge argv costs little.
-const (
-	maxArgs     = 64
-	maxSymlinks = 40 // as the kernel's own path walk
-)
+// maxArgs bounds the command-line scan: enough for any interpreter
+// invocation, small enough that a huge argv costs little.
+const maxArgs = 64
 
 // cmdlinePaths returns the script an interpreter runs: the first argument
 // after argv[0] that is not an option, when it is a regular file, canonical
@@ -89,42 +88,21 @@ func (r *Resolver) cmdlinePaths(pid int) ([]string, error) {
 // kernel cannot do this for us through /proc/<pid>/root: it would resolve
 // absolute links against the supervisor's root.
 func resolveInRoot(rootfd int, p string) (string, error) {
-	todo := strings.Split(p, "/")
-	resolved := "/"
-	links := 0
-	for len(todo) > 0 {
-		c := todo[0]
-		todo = todo[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			resolved = path.Dir(resolved)
-			continue
-		}
-		next := path.Join(resolved, c)
-		var st unix.Stat_t
-		if err := unix.Fstatat(rootfd, rel(next), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return "", err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
-			resolved = next
-			continue
-		}
-		if links++; links > maxSymlinks {
-			return "", unix.ELOOP
-		}
-		target, err := readlinkat(rootfd, rel(next))
-		if err != nil {
-			return "", err
-		}
-		if path.IsAbs(target) {
-			resolved = "/"
-		}
-		todo = append(strings.Split(target, "/"), todo...)
-	}
-	return resolved, nil
+	return pathwalk.Resolve(inRoot(rootfd), p, nil)
 }
+
+// inRoot is the filesystem below rootfd.
+type inRoot int
+
+func (fd inRoot) IsLink(p string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(fd), rel(p), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return false, err
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFLNK, nil
+}
+
+func (fd inRoot) Readlink(p string) (string, error) { return readlinkat(int(fd), rel(p)) }
 
 // rel turns an absolute in-root path into one relative to the root fd.
 func rel(p string) string {
