@@ -294,15 +294,19 @@ func (s *supervisor) startInit(done chan<- struct{}) error {
 	return <-started
 }
 
+var cloneFlags = map[string]uintptr{
+	"user": unix.CLONE_NEWUSER, "mount": unix.CLONE_NEWNS, "pid": unix.CLONE_NEWPID, "ipc": unix.CLONE_NEWIPC,
+	"uts": unix.CLONE_NEWUTS, "cgroup": unix.CLONE_NEWCGROUP, "net": unix.CLONE_NEWNET,
+}
+
 func (s *supervisor) sysProcAttr() *syscall.SysProcAttr {
-	attr := &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS |
-			unix.CLONE_NEWCGROUP | unix.CLONE_NEWNET,
-		Pdeathsig: unix.SIGKILL,
+	attr := &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
+	// The plan names the namespaces; network mode allow shares the host's.
+	for _, ns := range s.Plan.Namespaces {
+		attr.Cloneflags |= cloneFlags[ns]
 	}
 	if s.Plan.Rootless {
 		u := s.Plan.User
-		attr.Cloneflags |= unix.CLONE_NEWUSER
 		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: int(u.UID), HostID: os.Getuid(), Size: 1}}
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: int(u.GID), HostID: os.Getgid(), Size: 1}}
 		attr.GidMappingsEnableSetgroups = false

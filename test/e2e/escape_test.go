@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -188,6 +189,22 @@ var escapes = []escape{
 	{name: "ptrace-supervisor", args: []string{"ptrace", "SUPPID"}, wantErrno: "ESRCH|EPERM"},
 	{name: "ptrace-host-process", args: []string{"ptrace", "HOSTPID"}, wantErrno: "ESRCH|EPERM"},
 	{name: "ptrace-init", args: []string{"ptrace", "1"}, wantErrno: "EPERM"},
+	// Landlock's signal scope (ABI >= 6) keeps signals inside the domain:
+	// the sandbox's init, outside it, cannot be signalled.
+	{name: "signal-init", args: []string{"kill", "INITPID"}, flags: []string{"--env", "INITPID=1"}, wantErrno: "EPERM"},
+	// With the host's network namespace shared, its abstract UNIX sockets
+	// are one connect() away; Landlock's scope (ABI >= 6) refuses them.
+	{name: "host-abstract-socket", args: []string{"abstract-connect", "{ABSTRACT}"},
+		policy: "version: 1\nnetwork: {mode: allow}\n", wantErrno: "EPERM",
+		setup: func(t *testing.T, fx *fixture) {
+			name := fmt.Sprintf("corral-e2e-%s-%s-%d", uniq, fx.m.name, time.Now().UnixNano())
+			l, err := net.Listen("unix", "@"+name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			fx.vars["ABSTRACT"] = name
+		}},
 	{name: "ptrace-sibling", args: []string{"ptrace-sibling"}, wantErrno: "EPERM", control: controlAlways},
 	// Under the relaxed profile the same attach goes through: the EPERM
 	// above comes from the seccomp filter, not from something else.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -59,8 +60,10 @@ func InitMain() int {
 	if err := unix.Sethostname([]byte(cfg.Plan.Hostname)); err != nil {
 		return fail(stepErr("set hostname", err))
 	}
-	if err := loopbackUp(); err != nil {
-		return fail(stepErr("bring up loopback", err))
+	if slices.Contains(cfg.Plan.Namespaces, "net") {
+		if err := loopbackUp(); err != nil {
+			return fail(stepErr("bring up loopback", err))
+		}
 	}
 
 	if c := cfg.Plan.Network.Capture; c != nil {

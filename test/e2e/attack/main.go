@@ -87,14 +87,15 @@ func init() {
 		"mknod":         cmdMknod,
 
 		// Processes.
-		"procs":          cmdProcs,
-		"kill":           cmdKill,
-		"kill-all":       cmdKillAll,
-		"ptrace":         cmdPtrace,
-		"ptrace-sibling": cmdPtraceSibling,
-		"zombie":         cmdZombie,
-		"fork-bomb":      cmdForkBomb,
-		"alloc":          cmdAlloc,
+		"procs":            cmdProcs,
+		"kill":             cmdKill,
+		"kill-all":         cmdKillAll,
+		"abstract-connect": cmdAbstractConnect,
+		"ptrace":           cmdPtrace,
+		"ptrace-sibling":   cmdPtraceSibling,
+		"zombie":           cmdZombie,
+		"fork-bomb":        cmdForkBomb,
+		"alloc":            cmdAlloc,
 
 		// Privileges.
 		"setuid":      func([]string) int { return verdict("setuid(0)", rawErr(unix.SYS_SETUID, 0, 0, 0)) },
@@ -427,6 +428,19 @@ func cmdKill(args []string) int {
 // process outside was reached.
 func cmdKillAll([]string) int {
 	return verdict("kill(-1, SIGTERM)", unix.Kill(-1, unix.SIGTERM))
+}
+
+// cmdAbstractConnect connects to an abstract UNIX socket by name: with the
+// host's network namespace shared (network mode allow), the host's abstract
+// sockets (X11, D-Bus, agents) are in reach unless Landlock scopes them.
+func cmdAbstractConnect(args []string) int {
+	need(args, 1, "abstract-connect NAME")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return blocked("socket: %s", errno(err))
+	}
+	defer unix.Close(fd)
+	return verdict("connect(@"+args[0]+")", unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + args[0]}))
 }
 
 func cmdPtrace(args []string) int {
