@@ -27,8 +27,11 @@ const (
 	NetConnectAllowed = "net.connect.allowed"
 	NetConnectDenied  = "net.connect.denied"
 	NetDNSDenied      = "net.dns.denied"
-	PolicyReloaded    = "policy.reloaded"
-	PolicyReloadFail  = "policy.reload_failed"
+	// HTTPRequest is one request on an inspected connection: allowed,
+	// denied, or denied in audit mode and forwarded (decision "audit").
+	HTTPRequest      = "http.request"
+	PolicyReloaded   = "policy.reloaded"
+	PolicyReloadFail = "policy.reload_failed"
 )
 
 // Field names shared by every event.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-sandbox/corral/internal/egress/decide"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
@@ -17,7 +18,7 @@ func newPolicyCmd() *cobra.Command {
 		Use:   "policy",
 		Short: "Validate and explain sandbox policies",
 	}
-	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicySetCmd(), newPolicyDefaultCmd())
+	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicySetCmd(), newPolicyDefaultCmd(), newPolicyRulesCmd())
 	return cmd
 }
 
@@ -99,6 +100,22 @@ func newPolicyDefaultCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := os.Stdout.Write(policy.DefaultYAML())
+			return err
+		},
+	}
+}
+
+func newPolicyRulesCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rules",
+		Short: "Print corral's built-in network decision rules (Rego), a starting point for --policy-rules",
+		Long: `Print the Rego rules corral evaluates for every connection (decision), every
+DNS name (name_allowed) and every inspected HTTP request (request_decision).
+A file given to corral run --policy-rules replaces them as a whole, so start
+from these.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := cmd.OutOrStdout().Write(decide.BakedRules())
 			return err
 		},
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress/decide"
+	"github.com/corral-sandbox/corral/internal/l7/ca"
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox"
@@ -43,6 +47,7 @@ type runFlags struct {
 	noSandbox   bool
 	logLevel    string
 	upstreamDNS string
+	upstreamCA  []string
 	policyRules string
 }
 
@@ -64,8 +69,18 @@ query of the workload is captured and allowed only if a network policy names
 its host, port and binary; HTTP_PROXY, HTTPS_PROXY and ALL_PROXY point at
 corral's explicit proxies. Every decision is an audit event.
 
+Endpoints with protocol: rest are inspected request by request: corral
+terminates their TLS with a CA generated for this sandbox (trusted inside
+through /run/corral/ca-bundle.pem, SSL_CERT_FILE and friends, and the system
+bundle paths) and checks each request's method, path and query against the
+endpoint's rules. Upstream servers are verified against the host's roots plus
+--upstream-ca. Masked secrets (the policy's secrets section) reach the
+workload only as surrogates, swapped for the real value in requests to the
+secret's hosts.
+
 The workload's environment is a small safe set (PATH, HOME, TERM, LANG, LC_*,
-TZ, USER, CORRAL_SANDBOX=1) plus what --env and --pass-env add.
+TZ, USER, CORRAL_SANDBOX=1) plus what --env and --pass-env add. A real secret
+value never enters it: a variable holding one gets the surrogate instead.
 
 Exit status: the command's own; 128+N if it was killed by signal N; 124 when
 the walltime ran out; 125 when corral failed before the command ran; 126 if
@@ -93,6 +108,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.BoolVar(&f.noSandbox, "no-sandbox", false, "run the command WITHOUT any sandbox (walltime and audit still apply)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level on stderr: debug, info, warn, error")
 	fl.StringVar(&f.upstreamDNS, "upstream-dns", "", "resolver HOST:PORT the supervisor uses for allowed names in proxy mode (default: the host's)")
+	fl.StringArrayVar(&f.upstreamCA, "upstream-ca", nil, "PEM file of CA certificates trusted, besides the host's roots, for upstream servers of inspected (protocol: rest) connections (repeatable)")
 	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
 	return cmd
 }
@@ -179,15 +195,24 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	if f.timeout > 0 {
 		walltime = f.timeout
 	}
+	masked, err := secrets.Load(pol.Secrets, os.Getenv)
+	if err != nil {
+		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
+		return setupFailed(fmt.Errorf("load secrets: %w", err))
+	}
 	var eg *sandbox.Egress
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(pol, f.policyRules, f.upstreamDNS)
+		eg, err = newEgress(pol, f, id)
 		if err != nil {
 			aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
 			return setupFailed(err)
 		}
+		eg.Secrets = masked
+	} else if masked.Len() > 0 {
+		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
+			"secrets", masked.Names())
 	}
-	env := workloadEnv(os.Environ(), pl, uncaged != "", extraEnv)
+	env := masked.ScrubEnv(workloadEnv(os.Environ(), pl, uncaged != "", slices.Concat(masked.Env(), extraEnv)))
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
@@ -264,25 +289,56 @@ func safeEnv(key string) bool {
 	return strings.HasPrefix(key, "LC_")
 }
 
-// newEgress builds the decision engine for proxy mode.
-func newEgress(p *policy.Policy, rulesFile, upstreamDNS string) (*sandbox.Egress, error) {
+// newEgress builds proxy mode's decision engine, the sandbox's CA and the
+// roots upstream servers are verified with.
+func newEgress(p *policy.Policy, f runFlags, id string) (*sandbox.Egress, error) {
 	var rules []byte
-	if rulesFile != "" {
+	if f.policyRules != "" {
 		var err error
-		if rules, err = os.ReadFile(rulesFile); err != nil {
+		if rules, err = os.ReadFile(f.policyRules); err != nil {
 			return nil, fmt.Errorf("--policy-rules: %w", err)
 		}
 	}
-	if upstreamDNS != "" {
-		if _, _, err := net.SplitHostPort(upstreamDNS); err != nil {
-			return nil, fmt.Errorf("--upstream-dns %q: want HOST:PORT, e.g. 192.0.2.53:53", upstreamDNS)
+	if f.upstreamDNS != "" {
+		if _, _, err := net.SplitHostPort(f.upstreamDNS); err != nil {
+			return nil, fmt.Errorf("--upstream-dns %q: want HOST:PORT, e.g. 192.0.2.53:53", f.upstreamDNS)
 		}
 	}
 	engine, err := decide.New(p, rules)
 	if err != nil {
 		return nil, fmt.Errorf("compile network policy: %w", err)
 	}
-	return &sandbox.Egress{Engine: engine, UpstreamDNS: upstreamDNS}, nil
+	roots, err := upstreamRoots(f.upstreamCA)
+	if err != nil {
+		return nil, err
+	}
+	authority, err := ca.New(id, 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("create the sandbox CA: %w", err)
+	}
+	_, system, err := ca.SystemBundle()
+	if err != nil {
+		return nil, fmt.Errorf("read the system CA bundle: %w", err)
+	}
+	return &sandbox.Egress{Engine: engine, UpstreamDNS: f.upstreamDNS, CA: authority, SystemBundle: system, UpstreamRoots: roots}, nil
+}
+
+// upstreamRoots is the host's roots plus every certificate in files.
+func upstreamRoots(files []string) (*x509.CertPool, error) {
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	for _, name := range files {
+		pem, err := os.ReadFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("--upstream-ca: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", name)
+		}
+	}
+	return roots, nil
 }
 
 func workloadEnv(host []string, pl *plan.Plan, uncaged bool, extra []string) []string {

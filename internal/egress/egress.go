@@ -35,6 +35,13 @@ const (
 	ReasonUpstream        = "upstream_unreachable"
 	ReasonEngine          = "decision_error"
 	ReasonLiteralIP       = "literal_ip_not_allowed"
+	// Per-request (L7) reasons.
+	ReasonL7DenyRule   = "l7_deny_rule"
+	ReasonL7NoRule     = "l7_no_matching_rule"
+	ReasonL7NoEndpoint = "l7_no_matching_endpoint"
+	ReasonL7BadPath    = "l7_ambiguous_path"
+	ReasonL7BadQuery   = "l7_malformed_query"
+	ReasonL7NotHTTP    = "l7_not_http"
 )
 
 // Identity is the process that opened a connection inside the sandbox.
@@ -87,6 +94,48 @@ type Decision struct {
 	// AllowedIPs are the matched endpoint's allowed_ips: internal addresses
 	// inside them may be dialled, others never.
 	AllowedIPs []netip.Prefix
+	// Inspect is set when the deciding policy has a protocol: rest
+	// endpoint for this destination: the connection's requests are then
+	// decided one by one (HTTPDecider) instead of being relayed as bytes.
+	Inspect bool
+	// TLS is that endpoint's tls mode: "" (detect), terminate, passthrough
+	// or skip.
+	TLS string
+	// AllowEncodedSlash is set when one of the policy's inspected
+	// endpoints for this destination accepts %2F in paths.
+	AllowEncodedSlash bool
+}
+
+// HTTPRequest is one request on an inspected connection, as the rules see
+// it.
+type HTTPRequest struct {
+	// Method is upper-cased.
+	Method string
+	// Path is the decoded, normalised path (see l7/reqpath).
+	Path  string
+	Query map[string][]string
+}
+
+// HTTPDecision is the verdict on one HTTPRequest. The zero value denies.
+type HTTPDecision struct {
+	Allow bool
+	// Audit is set when the deciding endpoint has enforcement: audit: a
+	// denial is then logged as would-deny and the request forwarded.
+	Audit  bool
+	Policy string
+	// Rule names what decided, e.g. "rules[2]", "deny_rules[0]" or
+	// "access: read-only"; empty when no rule matched.
+	Rule string
+	// Reason is one of the Reason constants when denied.
+	Reason string
+	Detail string
+}
+
+// HTTPDecider decides requests on inspected connections against the
+// policy in force when each request arrives, so a hot reload tightens open
+// keep-alive connections too.
+type HTTPDecider interface {
+	DecideHTTP(ctx context.Context, r Request, h HTTPRequest) HTTPDecision
 }
 
 // Decider evaluates requests against the current policy. Implementations

@@ -20,15 +20,37 @@ type Gate struct {
 	Decider    Decider
 	Dialer     Dialer
 	Identifier Identifier
-	Audit      *audit.Logger
-	Log        *slog.Logger
+	// Inspector serves connections whose decision asks for per-request
+	// inspection. Without one such connections are refused: relaying them
+	// as bytes would silently drop the policy's HTTP rules.
+	Inspector Inspector
+	Audit     *audit.Logger
+	Log       *slog.Logger
+}
+
+// Tunnel is an allowed connection.
+type Tunnel struct {
+	Up net.Conn
+	// Request is the caller's request with the client's identity filled in.
+	Request  Request
+	Decision Decision
+}
+
+// Inspector takes over an allowed connection whose decision sets Inspect
+// and returns when it ends, having closed both ends. check is the gate's
+// Recheck for traffic it relays without terminating (TLS passthrough).
+type Inspector interface {
+	Inspect(ctx context.Context, client net.Conn, t *Tunnel, check func(kind, name string, err error) error)
 }
 
 // Connect authorises r for the client connection and returns the upstream
 // connection. A refusal is a *DenyError; the event is already recorded.
-func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (net.Conn, error) {
+func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (*Tunnel, error) {
 	start := time.Now()
 	d := g.decide(ctx, client, &r)
+	if d.Allow && d.Inspect && g.Inspector == nil {
+		d = Decision{Policy: d.Policy, Reason: ReasonEngine, Detail: "the endpoint asks for HTTP inspection, which is not available here"}
+	}
 	latency := time.Since(start)
 	if !d.Allow {
 		g.report(r, d, latency)
@@ -45,7 +67,14 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (net.Con
 		return nil, &DenyError{Request: r, Decision: d}
 	}
 	g.report(r, d, latency)
-	return up, nil
+	return &Tunnel{Up: up, Request: r, Decision: d}, nil
+}
+
+// Inspect hands an allowed tunnel whose decision sets Inspect to the
+// inspector. client must replay whatever the listener already read from
+// the client connection.
+func (g *Gate) Inspect(ctx context.Context, client net.Conn, t *Tunnel) {
+	g.Inspector.Inspect(ctx, client, t, g.Recheck(ctx, client, t.Request))
 }
 
 func (g *Gate) decide(ctx context.Context, client net.Conn, r *Request) Decision {
@@ -86,9 +115,9 @@ func (g *Gate) Recheck(ctx context.Context, client net.Conn, r Request) func(kin
 			return nil
 		}
 		r.Sniffed, r.SniffedKind = claim, kind
-		up, derr := g.Connect(ctx, client, r)
+		t, derr := g.Connect(ctx, client, r)
 		if derr == nil {
-			up.Close()
+			t.Up.Close()
 			derr = errors.New(r.Via + ": " + kind + " " + claim + " does not match " + r.Host)
 		}
 		return derr

@@ -279,6 +279,9 @@ func (b *builder) mounts() error {
 	}
 	if b.pl.Network.Capture != nil {
 		b.resolvConf(&mounts)
+		if err := b.caBundle(&mounts, targets); err != nil {
+			return err
+		}
 	}
 	// Parents before children, so /home/u/proj lands on top of /home/u.
 	slices.SortStableFunc(mounts, func(x, y Mount) int {
@@ -302,6 +305,30 @@ func (b *builder) resolvConf(mounts *[]Mount) {
 	}
 	*mounts = append(*mounts, Mount{Kind: KindBind, Source: statedir.ResolvConf(b.c.StateDir, b.c.ID), Target: target,
 		ReadOnly: true, Why: "resolver at the capture address"})
+}
+
+// caBundle mounts the directory holding the sandbox CA and covers each
+// system CA bundle the sandbox can see with the combined one.
+func (b *builder) caBundle(mounts *[]Mount, targets map[string]bool) error {
+	for t := range targets {
+		if under(TLSDir, []string{t}) {
+			return fmt.Errorf("filesystem_policy lists %s, which would hold corral's CA directory %s in proxy mode; list narrower paths", t, TLSDir)
+		}
+	}
+	dir := statedir.TLS(b.c.StateDir, b.c.ID)
+	*mounts = append(*mounts, Mount{Kind: KindBind, Source: dir, Target: TLSDir, ReadOnly: true,
+		Why: "sandbox CA for TLS inspection, alone and with the system roots"})
+	for _, sys := range SystemBundles {
+		if !underAny(sys, targets) {
+			continue
+		}
+		if fi, err := b.h.FS.Lstat(sys); err != nil || fi.Type != TypeFile {
+			continue
+		}
+		*mounts = append(*mounts, Mount{Kind: KindBind, Source: filepath.Join(dir, "ca-bundle.pem"), Target: sys, ReadOnly: true,
+			Why: "system CA bundle replaced by system roots + sandbox CA"})
+	}
+	return nil
 }
 
 func (b *builder) skip(path, reason string) {

@@ -150,7 +150,30 @@ func (n Network) ProxyEnv() []string {
 		"HTTP_PROXY=" + http, "HTTPS_PROXY=" + http, "ALL_PROXY=" + socks, "NO_PROXY=" + noProxy,
 		"http_proxy=" + http, "https_proxy=" + http, "all_proxy=" + socks, "no_proxy=" + noProxy,
 		"grpc_proxy=" + http,
+		// The sandbox's CA, so that TLS the proxy terminates for
+		// inspection verifies; the bundle keeps the system roots too.
+		"SSL_CERT_FILE=" + CABundlePath, "REQUESTS_CA_BUNDLE=" + CABundlePath, "CURL_CA_BUNDLE=" + CABundlePath,
+		"GIT_SSL_CAINFO=" + CABundlePath, "NODE_EXTRA_CA_CERTS=" + CACertPath,
 	}
+}
+
+// Where proxy mode puts the sandbox CA inside the sandbox. The directory
+// is a mount corral owns, so nothing in the policy can shadow or edit it.
+const (
+	TLSDir       = "/run/corral"
+	CABundlePath = TLSDir + "/ca-bundle.pem" // system roots + sandbox CA
+	CACertPath   = TLSDir + "/ca.pem"        // sandbox CA alone
+)
+
+// SystemBundles are where distributions keep the CA bundle most TLS
+// libraries read by default; in proxy mode each one visible inside is
+// covered by the combined bundle, for tools that ignore the variables.
+var SystemBundles = []string{
+	"/etc/ssl/certs/ca-certificates.crt",
+	"/etc/pki/tls/certs/ca-bundle.crt",
+	"/etc/ssl/ca-bundle.pem",
+	"/etc/ssl/cert.pem",
+	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
 }
 
 // State describes /scratch.

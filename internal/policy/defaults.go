@@ -63,4 +63,11 @@ func (p *Policy) ApplyDefaults() {
 		}
 		p.NetworkPolicies[key] = np
 	}
+	for key, s := range p.Secrets {
+		for i, h := range s.Hosts {
+			s.Hosts[i] = strings.ToLower(h)
+		}
+		s.Headers = secretHeaders(s.Headers)
+		p.Secrets[key] = s
+	}
 }

@@ -11,6 +11,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(defaultYAML)
 	f.Add([]byte("version: 1\nnetwork:\n  allow: [\"api.github.com:443\", \"*.pypi.org\", \"10.1.0.0/16:5432\"]\n"))
 	f.Add([]byte("version: 1\nnetwork_policies:\n  gh:\n    endpoints:\n      - host: api.github.com\n        port: 443\n        protocol: rest\n        tls: terminate\n        rules: [{allow: {method: GET, path: \"/**\", query: {a: b}}}]\n        deny_rules: [{method: DELETE, path: /x}]\n    binaries: [{path: /usr/bin/curl}]\n"))
+	f.Add([]byte("version: 1\nnetwork_policies:\n  gl:\n    endpoints:\n      - host: '*.example.com'\n        port: 443\n        protocol: rest\n        path: /api/v4/**\n        allow_encoded_slash: true\n        rules: [{allow: {method: GET, path: \"/projects/[!_]*/**\", query: {state: {any: [open, 'c*']}}}}]\nsecrets:\n  GL_TOKEN: {from_env: GITLAB_TOKEN, hosts: [gitlab.example.com], headers: [private-token]}\n"))
 	f.Add([]byte("version: 1\nlimits: &l {pids: 5}\nfilesystem_policy: {<<: *l}\n"))
 	f.Add([]byte("version: 1\nprocess: {run_as_user: 0}\nlimits: {memory: 1.5g, cpu: .nan}\n"))
 	f.Add([]byte("{version: 1, state: scratch}\n---\n"))

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 )
 
 // SHA256 returns the hex SHA-256 of the policy's canonical JSON: defaults
@@ -54,6 +55,14 @@ func (p *Policy) clone() *Policy {
 			}
 			np.Endpoints = eps
 			c.NetworkPolicies[k] = np
+		}
+	}
+	if p.Secrets != nil {
+		c.Secrets = make(map[string]Secret, len(p.Secrets))
+		for k, s := range p.Secrets {
+			s.Hosts = slices.Clone(s.Hosts)
+			s.Headers = slices.Clone(s.Headers)
+			c.Secrets[k] = s
 		}
 	}
 	return &c

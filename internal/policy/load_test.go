@@ -81,6 +81,22 @@ func TestUnknownFieldsAndTypes(t *testing.T) {
 			`network_policies.p.endpoints[0].rules[0].allow.query.n: ".inf" is not a finite number (line 7) — quote it to use it as text`}},
 		{"query non-string key", endpointPolicy("host: a.example.com\nport: 443\nrules: [{allow: {method: GET, path: /, query: {a: {1: x}}}}]"), []string{
 			`network_policies.p.endpoints[0].rules[0].allow.query.a.1: key number 1 is not a string (line 7) — quote the key`}},
+		{"secret field typo", "version: 1\nsecrets:\n  TOKEN:\n    from_evn: GH_TOKEN\n    hosts: [api.github.com]\n    header: [X-Token]\n", []string{
+			`secrets.TOKEN.from_evn: unknown field (line 4) — did you mean "from_env"?`,
+			`secrets.TOKEN.header: unknown field (line 6) — did you mean "headers"?`}},
+		{"secret field unknown", "version: 1\nsecrets:\n  TOKEN: {value: hunter2, hosts: [api.github.com]}\n", []string{
+			`secrets.TOKEN.value: unknown field (line 3) — remove it; fields allowed here: from_env, from_file, hosts, headers`}},
+		{"secret hosts scalar", "version: 1\nsecrets:\n  TOKEN: {from_env: T, hosts: api.github.com}\n", []string{
+			`secrets.TOKEN.hosts: expected a list, got string "api.github.com" (line 3) — write it as [a, b] or as one "- item" line per entry`}},
+		{"secrets as list", "version: 1\nsecrets: [GITHUB_TOKEN]\n", []string{
+			`secrets: expected a mapping, got a list (line 2) — write it as indented "key: value" lines`}},
+		{"secrets typo", "version: 1\nsecret: {}\n", []string{
+			`secret: unknown field (line 2) — did you mean "secrets"?`}},
+		{"endpoint path typo", endpointPolicy("host: a.example.com\nport: 443\nallow_encoded_slashes: true\npat: /x"), []string{
+			`network_policies.p.endpoints[0].allow_encoded_slashes: unknown field (line 7) — did you mean "allow_encoded_slash"?`,
+			`network_policies.p.endpoints[0].pat: unknown field (line 8) — did you mean "path"?`}},
+		{"encoded slash not bool", endpointPolicy("host: a.example.com\nport: 443\nallow_encoded_slash: yes"), []string{
+			`network_policies.p.endpoints[0].allow_encoded_slash: expected true or false, got string "yes" (line 7) — write true or false without quotes`}},
 		{"several at once", "version: 1\nlimits: {pids: x, cpu: y}\nstat: scratch\n", []string{
 			`limits.pids: expected an integer, got string "x" (line 2) — write a whole number without quotes, e.g. 256`,
 			`limits.cpu: expected a number, got string "y" (line 2) — write a number without quotes, e.g. 1.5`,

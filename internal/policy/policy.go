@@ -77,6 +77,7 @@ type Policy struct {
 	Limits           Limits                   `yaml:"limits,omitempty" json:"limits,omitzero" jsonschema_description:"Resource limits (cgroup v2 and a wall-clock watchdog)."`
 	Seccomp          string                   `yaml:"seccomp,omitempty" json:"seccomp,omitempty" jsonschema:"enum=default,enum=relaxed,default=default" jsonschema_description:"Seccomp profile."`
 	State            string                   `yaml:"state,omitempty" json:"state,omitempty" jsonschema:"enum=,enum=ephemeral,enum=scratch" jsonschema_description:"What survives the run: empty for nothing extra; ephemeral or scratch for a writable overlay."`
+	Secrets          map[string]Secret        `yaml:"secrets,omitempty" json:"secrets,omitempty" jsonschema_description:"Masked secrets, by the environment variable the workload sees: it holds a surrogate that the proxy swaps for the real value only in requests to the secret's hosts."`
 
 	// Source records where the policy was loaded from (a path, a git ref,
 	// "<default>"); it is not part of the policy and not hashed.
@@ -122,6 +123,19 @@ type Endpoint struct {
 	Access      string    `yaml:"access,omitempty" json:"access,omitempty" jsonschema:"enum=read-only,enum=read-write,enum=full" jsonschema_description:"L7 preset; mutually exclusive with rules."`
 	Rules       []L7Rule  `yaml:"rules,omitempty" json:"rules,omitempty" jsonschema_description:"L7 allow rules; mutually exclusive with access."`
 	DenyRules   []L7Match `yaml:"deny_rules,omitempty" json:"deny_rules,omitempty" jsonschema_description:"L7 requests to refuse even if a rule allows them."`
+	// Path selects the requests this endpoint's L7 rules apply to when
+	// several endpoints share a host and port.
+	Path              string `yaml:"path,omitempty" json:"path,omitempty" jsonschema_description:"Path glob selecting the requests this endpoint's L7 rules apply to; endpoints with a matching path take precedence over those without."`
+	AllowEncodedSlash bool   `yaml:"allow_encoded_slash,omitempty" json:"allow_encoded_slash,omitempty" jsonschema_description:"Accept %2F in request paths (GitLab-style project ids); refused by default because it lets one path mean two things."`
+}
+
+// Secret is one masked secret. The real value is read by corral at start
+// and never enters the sandbox.
+type Secret struct {
+	FromEnv  string   `yaml:"from_env,omitempty" json:"from_env,omitempty" jsonschema_description:"Name of the variable in corral's environment holding the real value."`
+	FromFile string   `yaml:"from_file,omitempty" json:"from_file,omitempty" jsonschema_description:"Absolute host path of a file holding the real value (one trailing newline is dropped)."`
+	Hosts    []string `yaml:"hosts" json:"hosts" jsonschema:"required" jsonschema_description:"Host names or patterns whose requests get the real value; each must be reached through a TLS-terminating protocol: rest endpoint."`
+	Headers  []string `yaml:"headers,omitempty" json:"headers,omitempty" jsonschema_description:"Request headers in which the surrogate is replaced. Default: [Authorization]."`
 }
 
 // L7Rule wraps the match in "allow" to stay compatible with OpenShell.

@@ -8,7 +8,9 @@ import (
 // StaticDiff lists the sections of q that differ from p among those fixed
 // when a sandbox starts: the filesystem, Landlock, identity, limits, seccomp,
 // state and network mode are applied by the kernel before the workload runs
-// and cannot change afterwards. Only network policies can be hot-reloaded.
+// and cannot change afterwards, and secrets because their surrogates are
+// already in the workload's environment. Only network policies can be
+// hot-reloaded.
 func (p *Policy) StaticDiff(q *Policy) []string {
 	sections := []struct {
 		name string
@@ -22,6 +24,7 @@ func (p *Policy) StaticDiff(q *Policy) []string {
 		{"seccomp", p.SeccompProfile(), q.SeccompProfile()},
 		{"state", p.State, q.State},
 		{"network.mode", p.NetworkMode(), q.NetworkMode()},
+		{"secrets", secretsOrNil(p.Secrets), secretsOrNil(q.Secrets)},
 	}
 	var diff []string
 	for _, s := range sections {
@@ -32,4 +35,12 @@ func (p *Policy) StaticDiff(q *Policy) []string {
 		}
 	}
 	return diff
+}
+
+// secretsOrNil makes "secrets: {}" and no secrets compare equal.
+func secretsOrNil(s map[string]Secret) map[string]Secret {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }

@@ -33,3 +33,34 @@ func TestStaticDiff(t *testing.T) {
 		})
 	}
 }
+
+func TestStaticDiffSecrets(t *testing.T) {
+	const net = "version: 1\nnetwork_policies:\n  p: {endpoints: [{host: api.example.com, port: 443, protocol: rest, tls: terminate, access: full}]}\n"
+	base := net + "secrets: {T: {from_env: T, hosts: [api.example.com]}}\n"
+	cases := []struct {
+		name, next string
+		want       []string
+	}{
+		{"same secrets, defaults spelled out", net + "secrets: {T: {from_env: T, hosts: [API.example.com], headers: [authorization]}}\n", nil},
+		{"endpoints may change", net + "  q: {endpoints: [{host: b.example.com, port: 443}]}\nsecrets: {T: {from_env: T, hosts: [api.example.com]}}\n", nil},
+		{"source may not", net + "secrets: {T: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
+		{"headers may not", net + "secrets: {T: {from_env: T, hosts: [api.example.com], headers: [X-Token]}}\n", []string{"secrets"}},
+		{"adding one may not", net + "secrets: {T: {from_env: T, hosts: [api.example.com]}, U: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
+		{"removing all may not", net, []string{"secrets"}},
+	}
+	p, err := Parse([]byte(base), "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, err := Parse([]byte(tc.next), "next")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.StaticDiff(q); !slices.Equal(got, tc.want) {
+				t.Fatalf("StaticDiff = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

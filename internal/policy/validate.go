@@ -79,6 +79,7 @@ var checks = []func(p *Policy, r *report){
 	checkNetworkMode,
 	checkNetworkPolicies,
 	checkNetworkAllow,
+	checkSecrets,
 }
 
 func (p *Policy) check() *report {
@@ -339,9 +340,12 @@ func checkL7(r *report, at string, ep Endpoint) {
 	if ep.Protocol == "" && (ep.Rules != nil || ep.Access != "" || len(ep.DenyRules) > 0) {
 		r.warnf(at, "add protocol: rest", "L7 rules have no effect without protocol")
 	}
-	if ep.Protocol == ProtocolREST && ep.TLS != TLSTerminate && slices.Contains(ep.PortList(), 443) {
-		r.warnf(at, "add tls: terminate", "protocol rest on port 443 without tls: terminate cannot inspect encrypted requests")
+	// Unset tls terminates what looks like TLS; only the explicit opt-outs
+	// leave HTTPS requests unchecked.
+	if ep.Protocol == ProtocolREST && (ep.TLS == TLSPassthrough || ep.TLS == TLSSkip) && slices.Contains(ep.PortList(), 443) {
+		r.warnf(at+".tls", "use tls: terminate (or leave tls unset)", "protocol rest on port 443 with tls: %s cannot inspect encrypted requests", ep.TLS)
 	}
+	checkPathSelector(r, at, ep)
 	for i, rule := range ep.Rules {
 		checkMatch(r, fmt.Sprintf("%s.rules[%d].allow", at, i), rule.Allow)
 	}
@@ -364,7 +368,12 @@ func checkMatch(r *report, at string, m L7Match) {
 		r.errorf(at+".path", `use a glob such as "/repos/**", or "**" for any path`, "missing")
 	case !strings.HasPrefix(m.Path, "/") && m.Path != "*" && m.Path != "**":
 		r.errorf(at+".path", fmt.Sprintf("write it as %q", "/"+m.Path), "path %q does not start with /", m.Path)
+	default:
+		if msg, fix := checkGlob(m.Path, false); msg != "" {
+			r.errorf(at+".path", fix, "%s", msg)
+		}
 	}
+	checkQuery(r, at+".query", m.Query)
 }
 
 func checkNetworkAllow(p *Policy, r *report) {

@@ -27,6 +27,9 @@ func problems(t *testing.T, src string) []string {
 	return out
 }
 
+// restEndpoint starts an inspected endpoint; cases append rules or access.
+const restEndpoint = "host: api.example.com\nport: 443\nprotocol: rest\ntls: terminate\n"
+
 func endpointPolicy(fields string) string {
 	var b strings.Builder
 	b.WriteString("version: 1\nnetwork_policies:\n  p:\n    endpoints:\n      - ")
@@ -188,6 +191,66 @@ func TestValidationRules(t *testing.T) {
 			ep + `.rules[0].allow.path: missing — use a glob such as "/repos/**", or "**" for any path`,
 			ep + `.rules[1].allow.path: path "repos" does not start with / — write it as "/repos"`,
 			ep + `.deny_rules[0].path: missing — use a glob such as "/repos/**", or "**" for any path`}},
+
+		{"query value number", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {per_page: 100}}}]"), []string{
+			ep + `.rules[0].allow.query.per_page: expected a glob string or a mapping with any:, got number 100 — quote it: "100"`}},
+		{"query value bool", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {draft: true}}}]"), []string{
+			ep + `.rules[0].allow.query.draft: expected a glob string or a mapping with any:, got boolean true — quote it: "true"`}},
+		{"query value list", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {state: [open, closed]}}}]"), []string{
+			ep + `.rules[0].allow.query.state: expected a glob string or a mapping with any:, got a list — write a glob such as "v*", or any: ["a", "b"] to accept several values`}},
+		{"query value null", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {state: ~}}}]"), []string{
+			ep + `.rules[0].allow.query.state: expected a glob string or a mapping with any:, got null — write a glob such as "v*", or any: ["a", "b"] to accept several values`}},
+		{"query empty name", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {'': x}}}]"), []string{
+			ep + `.rules[0].allow.query[""]: empty query parameter name — name the parameter, e.g. page`}},
+		{"query matcher unknown key", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {state: {ayn: [open]}, sort: {any: [a], all: [b]}}}}]"), []string{
+			ep + `.rules[0].allow.query.sort.all: unknown matcher key — did you mean "any"?`,
+			ep + `.rules[0].allow.query.state.ayn: unknown matcher key — did you mean "any"?`}},
+		{"query matcher empty mapping", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {state: {}}}}]"), []string{
+			ep + `.rules[0].allow.query.state: an empty matcher mapping — write any: ["a", "b"], or a single glob string`}},
+		{"query any not a list", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {state: {any: open}}}}]"), []string{
+			ep + `.rules[0].allow.query.state.any: expected a list of glob strings, got string "open" — write any: ["a", "b"]`}},
+		{"query any empty", endpointPolicy(restEndpoint + "deny_rules: [{method: GET, path: /, query: {state: {any: []}}}]\naccess: full"), []string{
+			ep + `.deny_rules[0].query.state.any: an empty any list would match no value — list at least one glob, or remove the parameter`}},
+		{"query any item", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {page: {any: ['1', 2, [3]]}}}}]"), []string{
+			ep + `.rules[0].allow.query.page.any[1]: expected a glob string, got number 2 — write a glob string; quote numbers, e.g. "100"`,
+			ep + `.rules[0].allow.query.page.any[2]: expected a glob string, got a list — write a glob string; quote numbers, e.g. "100"`}},
+
+		{"rule path unterminated class", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/v[12/x'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/v[12/x" has a [ without a closing ] — close the character class, e.g. [a-z]; write [[] to match a literal [`}},
+		{"rule path partial double star", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/a**b'}}, {allow: {method: GET, path: '/a/***'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/a**b" uses ** inside a segment — use ** only as a whole segment to match across segments (/repos/**), and * to match within one`,
+			ep + `.rules[1].allow.path: path "/a/***" uses ** inside a segment — use ** only as a whole segment to match across segments (/repos/**), and * to match within one`}},
+		{"rule path empty class", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/a/[]'}}, {allow: {method: GET, path: '/[!]x]'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/a/[]" has an empty character class — put at least one character between [ and ], e.g. [abc]`,
+			ep + `.rules[1].allow.path: path "/[!]x]" has an empty character class — put at least one character between [ and ], e.g. [abc]`}},
+		{"rule path mixed class", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/[a-zA-Z]'}}, {allow: {method: GET, path: '/[a-z_]'}}, {allow: {method: GET, path: '/x[a-]'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/[a-zA-Z]" has a character class mixing a range with other characters — a class holds either characters [abc] or one range [a-z]; combine them with braces, e.g. {[a-z],[0-9],_}`,
+			ep + `.rules[1].allow.path: path "/[a-z_]" has a character class mixing a range with other characters — a class holds either characters [abc] or one range [a-z]; combine them with braces, e.g. {[a-z],[0-9],_}`,
+			ep + `.rules[2].allow.path: path "/x[a-]" has a [ without a closing ] — close the character class, e.g. [a-z]; write [[] to match a literal [`}},
+		{"rule path reversed range", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/[z-a]'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/[z-a]" has a reversed range z-a — write it as a-z`}},
+		{"rule path trailing backslash", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/a\\'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/a\\" ends with a lone \ — write \\ to match a literal \, or remove it`}},
+		{"rule path unclosed brace", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/{a,b'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/{a,b" has a { without a closing } — close the group, e.g. {a,b}; write [{] to match a literal {`}},
+		{"rule path star inside braces", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/{**,a}'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/{**,a}" uses ** inside a segment — use ** only as a whole segment to match across segments (/repos/**), and * to match within one`}},
+		{"query glob syntax", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /, query: {a: '[x', b: {any: [ok, '{x']}}}}]"), []string{
+			ep + `.rules[0].allow.query.a: glob "[x" has a [ without a closing ] — close the character class, e.g. [a-z]; write [[] to match a literal [`,
+			ep + `.rules[0].allow.query.b.any[1]: glob "{x" has a { without a closing } — close the group, e.g. {a,b}; write [{] to match a literal {`}},
+		{"rule path with query", endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/search?q=x&page=2'}}]"), []string{
+			ep + `.rules[0].allow.path: path "/search?q=x&page=2" contains a query string — write path: "/search" and put the parameters under query:, e.g. query: {q: "x", page: "2"}`}},
+		{"deny path with query", endpointPolicy(restEndpoint + "access: full\ndeny_rules: [{method: GET, path: '/x?a=b'}]"), []string{
+			ep + `.deny_rules[0].path: path "/x?a=b" contains a query string — write path: "/x" and put the parameters under query:, e.g. query: {a: "b"}`}},
+
+		{"selector relative", endpointPolicy(restEndpoint + "access: full\npath: api/v4/**"), []string{
+			ep + `.path: path "api/v4/**" does not start with / — write it as "/api/v4/**", or "**" for any path`}},
+		{"selector glob", endpointPolicy(restEndpoint + "access: full\npath: '/api/v4**'"), []string{
+			ep + `.path: path "/api/v4**" uses ** inside a segment — use ** only as a whole segment to match across segments (/repos/**), and * to match within one`}},
+		{"selector class", endpointPolicy(restEndpoint + "access: full\npath: '/api/[!v'"), []string{
+			ep + `.path: path "/api/[!v" has a [ without a closing ] — close the character class, e.g. [a-z]; write [[] to match a literal [`}},
+		{"selector query", endpointPolicy(restEndpoint + "access: full\npath: '/api?v=4'"), []string{
+			ep + `.path: path "/api?v=4" contains a query string — write "/api"; the path selector matches only the path`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -236,6 +299,13 @@ func TestValidPolicies(t *testing.T) {
 		endpointPolicy("host: API.GitHub.com\nport: 443\nprotocol: rest\ntls: terminate\nenforcement: audit\naccess: read-only"),
 		endpointPolicy("allowed_ips: [10.0.0.0/8, 192.0.2.7, '2001:db8::/32']\nports: [80, 443]"),
 		endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\ntls: terminate\nrules: [{allow: {method: get, path: /**, query: {per_page: '*'}}}]\ndeny_rules: [{method: DELETE, path: /**}]"),
+		endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /**, query: {per_page: '*', state: {any: [open, 'clo*']}, empty: ''}}}]"),
+		endpointPolicy(restEndpoint + "path: /api/v4/**\nallow_encoded_slash: true\nrules: [{allow: {method: GET, path: '/projects/*/repository/files/**'}}]"),
+		endpointPolicy(restEndpoint + "path: '**'\naccess: read-only"),
+		endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/v[12]/[!_]*/item?'}}, {allow: {method: GET, path: '/[!a-z]/[-a]/[ab-]/[!!]/[\\]]'}}, {allow: {method: GET, path: '/a/**/b/**'}}, {allow: {method: GET, path: '*'}}, {allow: {method: GET, path: '/x?'}}]"),
+		endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: '/[*][*]x'}}, {allow: {method: GET, path: '/a[[]b]'}}, {allow: {method: GET, path: '/\\*\\*x/{a,b{c,d}}/},'}}, {allow: {method: GET, path: '/{[a-z],[0-9]}/[é]'}}]"),
+		endpointPolicy(restEndpoint + "rules: [{allow: {method: GET, path: /**, query: {a: '[!x]*', b: {any: ['{x,y}', '\\[']}}}}]"),
+		endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\ntls: passthrough\naccess: full"),
 	} {
 		if got := problems(t, src); got != nil {
 			t.Errorf("%q: unexpected problems:\n%s", src, strings.Join(got, "\n"))
@@ -253,14 +323,21 @@ func TestWarnings(t *testing.T) {
 		{"none", "version: 1\n", nil},
 		{"unknown method", endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\ntls: terminate\nrules: [{allow: {method: fetch, path: /**}}]"), []string{
 			ep + `.rules[0].allow.method: unknown HTTP method "FETCH" — use one of: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, CONNECT, TRACE, *`}},
-		{"rest on 443 without terminate", endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\naccess: read-only"), []string{
-			ep + `: protocol rest on port 443 without tls: terminate cannot inspect encrypted requests — add tls: terminate`}},
+		{"rest on 443 with tls unset terminates", endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\naccess: read-only"), nil},
+		{"rest on 443 with passthrough", endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\ntls: passthrough\naccess: read-only"), []string{
+			ep + `.tls: protocol rest on port 443 with tls: passthrough cannot inspect encrypted requests — use tls: terminate (or leave tls unset)`}},
 		{"rules without protocol", endpointPolicy("host: api.example.com\nport: 443\naccess: read-only"), []string{
 			ep + `: L7 rules have no effect without protocol — add protocol: rest`}},
 		{"no endpoints", "version: 1\nnetwork_policies: {p: {}}\n", []string{
 			`network_policies.p: no endpoints, so the policy allows nothing — add endpoints or remove the policy`}},
 		{"allow mode with rules", "version: 1\nnetwork: {mode: allow, allow: [example.com]}\n", []string{
 			`network.mode: allow ignores network_policies and network.allow — use mode: proxy to enforce the rules, or remove them`}},
+		{"path selector without protocol", endpointPolicy("host: api.example.com\nport: 443\npath: /api/**\nallow_encoded_slash: true"), []string{
+			ep + `.path: a path selector has no effect without protocol — add protocol: rest, or remove path`,
+			ep + `.allow_encoded_slash: has no effect without protocol — add protocol: rest, or remove allow_encoded_slash`}},
+		{"tls skip with rest", endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\ntls: skip\naccess: full"), []string{
+			ep + `.tls: protocol rest on port 443 with tls: skip cannot inspect encrypted requests — use tls: terminate (or leave tls unset)`}},
+		{"tls passthrough with rest off 443", endpointPolicy("host: api.example.com\nport: 8443\nprotocol: rest\ntls: passthrough\naccess: full"), nil},
 		{"sandbox disabled", "version: 1\nsandbox: disabled\n", []string{
 			`sandbox: disabled: the command runs without any confinement — remove it to run the command sandboxed`}},
 	}

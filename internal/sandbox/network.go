@@ -2,11 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/dialer"
@@ -14,9 +16,13 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/httpproxy"
 	"github.com/corral-sandbox/corral/internal/egress/socks5"
 	"github.com/corral-sandbox/corral/internal/egress/transparent"
+	"github.com/corral-sandbox/corral/internal/l7/ca"
+	"github.com/corral-sandbox/corral/internal/l7/inspect"
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
+	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 // SyntheticPrefix is where the sandbox's DNS server takes the addresses it
@@ -28,11 +34,44 @@ type Egress struct {
 	// Engine decides every connection and is swapped on policy reloads.
 	Engine interface {
 		egress.Decider
+		egress.HTTPDecider
 		Reloadable
 	}
 	// UpstreamDNS is "HOST:PORT" of the resolver for allowed names; empty
 	// means the host's resolver.
 	UpstreamDNS string
+	// CA signs the leaves the inspector presents when it terminates TLS.
+	CA *ca.CA
+	// SystemBundle is the host's CA bundle, which the sandbox's combined
+	// bundle starts with.
+	SystemBundle []byte
+	// UpstreamRoots verify upstream servers of inspected connections.
+	UpstreamRoots *x509.CertPool
+	// Secrets are swapped into inspected requests; nil for none.
+	Secrets *secrets.Set
+}
+
+// writeCA puts the CA certificate and the combined bundle where the plan
+// mounts them inside the sandbox.
+func (s *supervisor) writeCA() error {
+	dir := statedir.TLS(s.StateDir, s.ID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create CA directory: %w", err)
+	}
+	// MkdirAll leaves an existing directory's mode alone, and the umask
+	// may have narrowed a new one; the workload's user must read it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("CA directory: %w", err)
+	}
+	for name, data := range map[string][]byte{
+		"ca.pem":        s.Egress.CA.CertPEM(),
+		"ca-bundle.pem": s.Egress.CA.Bundle(s.Egress.SystemBundle),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return fmt.Errorf("write sandbox CA: %w", err)
+		}
+	}
+	return nil
 }
 
 // startEgress receives the listeners the init created inside the sandbox's
@@ -61,12 +100,17 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
 	pool := dns.NewPool(SyntheticPrefix)
+	dial := dialer.New(s.Egress.UpstreamDNS)
 	gate := &egress.Gate{
 		Decider:    s.Egress.Engine,
-		Dialer:     dialer.New(s.Egress.UpstreamDNS),
+		Dialer:     dial,
 		Identifier: &procident.Resolver{InitPID: s.cmd.Process.Pid},
-		Audit:      s.Audit,
-		Log:        s.Log,
+		Inspector: &inspect.Inspector{
+			Decider: s.Egress.Engine, CA: s.Egress.CA, Secrets: s.Egress.Secrets, Dialer: dial,
+			RootCAs: s.Egress.UpstreamRoots, Audit: s.Audit, Log: s.Log,
+		},
+		Audit: s.Audit,
+		Log:   s.Log,
 	}
 	resolver := &dns.Server{Decider: s.Egress.Engine, Audit: s.Audit, Log: s.Log, Pool: pool}
 	tp := &transparent.Server{Gate: gate, Names: pool, Log: s.Log}

@@ -71,6 +71,9 @@ func (r *runDir) remove() error {
 		ignoreNotExist(os.Remove(filepath.Join(r.path, "lock"))),
 		ignoreNotExist(os.Remove(statedir.Control(r.state, r.id))),
 		ignoreNotExist(os.Remove(statedir.ResolvConf(r.state, r.id))),
+		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca.pem"))),
+		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca-bundle.pem"))),
+		ignoreNotExist(unix.Rmdir(statedir.TLS(r.state, r.id))),
 	}
 	r.lock.Close()
 	errs = append(errs, ignoreNotExist(unix.Rmdir(r.path)))

@@ -141,6 +141,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
 			return ExitSetupFailed, fmt.Errorf("write resolv.conf: %w", err)
 		}
+		if err := s.writeCA(); err != nil {
+			return ExitSetupFailed, err
+		}
 	}
 	if err := s.createCgroup(); err != nil {
 		return ExitSetupFailed, err

@@ -47,6 +47,10 @@ func Control(state, id string) string { return filepath.Join(Run(state, id), "co
 // ResolvConf is the sandbox's /etc/resolv.conf in proxy mode.
 func ResolvConf(state, id string) string { return filepath.Join(Run(state, id), "resolv.conf") }
 
+// TLS holds the sandbox CA certificate and the combined bundle in proxy
+// mode (never the CA's key, which stays in the supervisor's memory).
+func TLS(state, id string) string { return filepath.Join(Run(state, id), "tls") }
+
 // Ephemeral is /scratch for state: ephemeral, removed with the run.
 func Ephemeral(state, id string) string { return filepath.Join(Run(state, id), "scratch") }
 

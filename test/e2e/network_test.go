@@ -473,6 +473,15 @@ func (n *netRun) noEvent(name string, want map[string]any) {
 }
 
 func findEvent(r *result, name string, want map[string]any) map[string]any {
+	if es := findEvents(r, name, want); len(es) > 0 {
+		return es[0]
+	}
+	return nil
+}
+
+// findEvents returns the events called name carrying every field of want.
+func findEvents(r *result, name string, want map[string]any) []map[string]any {
+	var out []map[string]any
 	for _, e := range r.find(name) {
 		ok := true
 		for k, v := range want {
@@ -481,10 +490,10 @@ func findEvent(r *result, name string, want map[string]any) map[string]any {
 			}
 		}
 		if ok {
-			return e
+			out = append(out, e)
 		}
 	}
-	return nil
+	return out
 }
 
 func netEvents(r *result) string {
@@ -499,8 +508,9 @@ func netEvents(r *result) string {
 	return b.String()
 }
 
-// denyBodyOf parses the JSON body of a 403 printed by a case.
-func (n *netRun) denyBody(name, re string) map[string]any {
+// denyBody parses the JSON body of a 403 printed by a case and checks it
+// has the fields keys (those of a connection refusal if none are given).
+func (n *netRun) denyBody(name, re string, keys ...string) map[string]any {
 	n.t.Helper()
 	js := n.has(name, re)
 	if js == "" {
@@ -511,7 +521,10 @@ func (n *netRun) denyBody(name, re string) map[string]any {
 		n.t.Errorf("case %s: 403 body is not JSON: %v: %q", name, err, js)
 		return nil
 	}
-	for _, k := range []string{"error", "reason", "host", "port", "binary", "policy", "next_steps"} {
+	if len(keys) == 0 {
+		keys = []string{"error", "reason", "host", "port", "binary", "policy", "next_steps"}
+	}
+	for _, k := range keys {
 		if _, ok := body[k]; !ok {
 			n.t.Errorf("case %s: 403 body has no %q: %s", name, k, js)
 		}

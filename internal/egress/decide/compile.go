@@ -2,6 +2,7 @@ package decide
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
@@ -26,6 +28,10 @@ type endpoint struct {
 	// term is the endpoint's candidate object, built once and shared by
 	// every input that names it.
 	term *ast.Term
+	// key and name are the endpoint's policy's; protocol and tls its L7
+	// settings.
+	key, name, protocol, tls string
+	encodedSlash             bool
 }
 
 func byRank(a, b *endpoint) int { return a.rank - b.rank }
@@ -36,6 +42,9 @@ func byRank(a, b *endpoint) int { return a.rank - b.rank }
 type state struct {
 	decision    rego.PreparedEvalQuery
 	nameAllowed *rego.PreparedEvalQuery // nil: the rules do not define it
+	request     *rego.PreparedEvalQuery // nil: the rules do not define it
+	// inspects is set when some endpoint has a protocol.
+	inspects bool
 
 	exact    map[string][]*endpoint // exact host names and hosts written as IPs
 	oneLabel map[string][]*endpoint // by the pattern minus its first label
@@ -87,6 +96,15 @@ func build(p *policy.Policy, rules []byte) (*state, error) {
 	if st.decision, err = prepare("data.corral.egress.decision"); err != nil {
 		return nil, err
 	}
+	if definesRule(mod, "request_decision") {
+		q, err := prepare("data.corral.egress.request_decision")
+		if err != nil {
+			return nil, err
+		}
+		st.request = &q
+	} else if st.inspects {
+		return nil, errors.New("policy rules: the policy has protocol: rest endpoints but the rules define no request_decision; copy it from the baked-in rules (corral policy rules shows them)")
+	}
 	if definesRule(mod, "name_allowed") {
 		q, err := prepare("data.corral.egress.name_allowed")
 		if err != nil {
@@ -130,7 +148,7 @@ func (st *state) index(nps map[string]policy.NetworkPolicy) (*ast.Term, error) {
 		np := nps[n.key]
 		eps := make([]*ast.Term, len(np.Endpoints))
 		for i, ep := range np.Endpoints {
-			t, err := st.endpoint(n.key, i, rank, ep)
+			t, err := st.endpoint(n.key, n.name, i, rank, ep)
 			if err != nil {
 				return nil, fmt.Errorf("network_policies.%s.endpoints[%d]: %w", n.key, i, err)
 			}
@@ -160,10 +178,18 @@ func (st *state) index(nps map[string]policy.NetworkPolicy) (*ast.Term, error) {
 	return ast.NewTerm(out), nil
 }
 
-func (st *state) endpoint(key string, i, rank int, ep policy.Endpoint) (*ast.Term, error) {
+func (st *state) endpoint(key, name string, i, rank int, ep policy.Endpoint) (*ast.Term, error) {
+	if ep.Protocol != "" {
+		st.inspects = true
+	}
 	e := &endpoint{
-		rank:  rank,
-		ports: ep.PortList(),
+		rank:         rank,
+		ports:        ep.PortList(),
+		key:          key,
+		name:         name,
+		protocol:     ep.Protocol,
+		tls:          ep.TLS,
+		encodedSlash: ep.AllowEncodedSlash,
 		term: ast.ObjectTerm(
 			[2]*ast.Term{keyPolicy, ast.StringTerm(key)},
 			[2]*ast.Term{keyEndpoint, ast.IntNumberTerm(i)},
@@ -171,20 +197,20 @@ func (st *state) endpoint(key string, i, rank int, ep policy.Endpoint) (*ast.Ter
 	}
 	host, hostRegex := "", ""
 	if ep.Host != "" {
-		h, re, b, err := compileHost(ep.Host)
+		pat, err := hostpattern.Compile(ep.Host)
 		if err != nil {
 			return nil, err
 		}
-		host, hostRegex = h, re.String()
+		host, hostRegex = pat.Host, pat.Regexp.String()
 		switch {
-		case b.rest == "":
-			st.exact[h] = append(st.exact[h], e)
-		case b.anyDepth:
-			e.re = re
-			st.anyDepth[b.rest] = append(st.anyDepth[b.rest], e)
+		case !pat.Wildcard():
+			st.exact[pat.Host] = append(st.exact[pat.Host], e)
+		case pat.AnyDepth:
+			e.re = pat.Regexp
+			st.anyDepth[pat.Rest] = append(st.anyDepth[pat.Rest], e)
 		default:
-			e.re = re
-			st.oneLabel[b.rest] = append(st.oneLabel[b.rest], e)
+			e.re = pat.Regexp
+			st.oneLabel[pat.Rest] = append(st.oneLabel[pat.Rest], e)
 		}
 	}
 	cidrs := make([]*ast.Term, 0, len(ep.AllowedIPs))
@@ -206,70 +232,113 @@ func (st *state) endpoint(key string, i, rank int, ep policy.Endpoint) (*ast.Ter
 		}
 		ports = append(ports, ast.IntNumberTerm(n))
 	}
-	return ast.ObjectTerm(
-		[2]*ast.Term{ast.StringTerm("host"), ast.StringTerm(host)},
-		[2]*ast.Term{ast.StringTerm("host_regex"), ast.StringTerm(hostRegex)},
-		[2]*ast.Term{ast.StringTerm("ports"), ast.ArrayTerm(ports...)},
-		[2]*ast.Term{ast.StringTerm("allowed_ips"), ast.ArrayTerm(cidrs...)},
-	), nil
+	l7, err := l7Fields(ep)
+	if err != nil {
+		return nil, err
+	}
+	return ast.ObjectTerm(append([][2]*ast.Term{
+		{ast.StringTerm("host"), ast.StringTerm(host)},
+		{ast.StringTerm("host_regex"), ast.StringTerm(hostRegex)},
+		{ast.StringTerm("ports"), ast.ArrayTerm(ports...)},
+		{ast.StringTerm("allowed_ips"), ast.ArrayTerm(cidrs...)},
+	}, l7...)...), nil
 }
 
-type bucket struct {
-	anyDepth bool
-	rest     string
+// accessPresets are the rules an access level stands for (as OpenShell
+// expands them).
+var accessPresets = map[string][]string{
+	policy.AccessReadOnly:  {"GET", "HEAD", "OPTIONS"},
+	policy.AccessReadWrite: {"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH"},
+	policy.AccessFull:      {"*"},
 }
 
-// A wildcard stands for label characters only, so a name carrying other
-// bytes (from a forged SNI or Host header) can never match a pattern.
-const labelChars = `[a-z0-9_-]`
-
-var patternChars = regexp.MustCompile(`^[a-z0-9_.*-]+$`)
-
-// compileHost normalises a host pattern and returns it as an anchored
-// regular expression (for rules that match hosts themselves) and, for a
-// wildcard, the index bucket; exact names have an empty bucket.rest.
-// Patterns that would match every name or a whole TLD are refused even if
-// validation was skipped, since the engine is the last line of defence.
-func compileHost(h string) (string, *regexp.Regexp, bucket, error) {
-	h = normaliseHost(h)
-	if a, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
-		h = a.Unmap().WithZone("").String()
-		return h, regexp.MustCompile("^" + regexp.QuoteMeta(h) + "$"), bucket{}, nil
+// l7Fields returns the endpoint's L7 settings as the rules read them:
+// access presets expanded into rules, each rule labelled with where it
+// came from, query matchers as lists of globs.
+func l7Fields(ep policy.Endpoint) ([][2]*ast.Term, error) {
+	enforcement := ep.Enforcement
+	if enforcement == "" {
+		enforcement = policy.EnforcementEnforce
 	}
-	if !patternChars.MatchString(h) {
-		return "", nil, bucket{}, fmt.Errorf("host %q has characters a host name cannot contain", h)
-	}
-	labels := strings.Split(h, ".")
-	if slices.Contains(labels, "") {
-		return "", nil, bucket{}, fmt.Errorf("host %q has an empty label", h)
-	}
-	if !strings.Contains(h, "*") {
-		return h, regexp.MustCompile("^" + regexp.QuoteMeta(h) + "$"), bucket{}, nil
-	}
-	first, rest := labels[0], strings.Join(labels[1:], ".")
-	switch {
-	case strings.Contains(rest, "*"):
-		return "", nil, bucket{}, fmt.Errorf("host %q has a wildcard outside the first label", h)
-	case len(labels) < 3:
-		return "", nil, bucket{}, fmt.Errorf("host %q covers a whole top-level domain", h)
-	case first == "**":
-		re := regexp.MustCompile(`^` + labelChars + `+(?:\.` + labelChars + `+)*\.` + regexp.QuoteMeta(rest) + `$`)
-		return h, re, bucket{anyDepth: true, rest: rest}, nil
-	case strings.Contains(first, "**"):
-		return "", nil, bucket{}, fmt.Errorf("host %q uses ** inside a label", h)
-	}
-	var expr string
-	if first == "*" {
-		expr = labelChars + `+`
-	} else {
-		parts := strings.Split(first, "*")
-		for i, s := range parts {
-			parts[i] = regexp.QuoteMeta(s)
+	var rules, deny []*ast.Term
+	if methods, ok := accessPresets[ep.Access]; ok {
+		for _, m := range methods {
+			rules = append(rules, matchTerm("access: "+ep.Access, m, "**", nil))
 		}
-		expr = strings.Join(parts, labelChars+`*`)
+	} else if ep.Access != "" {
+		return nil, fmt.Errorf("unknown access %q", ep.Access)
 	}
-	re := regexp.MustCompile(`^` + expr + `\.` + regexp.QuoteMeta(rest) + `$`)
-	return h, re, bucket{rest: rest}, nil
+	for i, r := range ep.Rules {
+		q, err := queryGlobs(r.Allow.Query)
+		if err != nil {
+			return nil, fmt.Errorf("rules[%d].allow.query: %w", i, err)
+		}
+		rules = append(rules, matchTerm(fmt.Sprintf("rules[%d]", i), r.Allow.Method, r.Allow.Path, q))
+	}
+	for i, m := range ep.DenyRules {
+		q, err := queryGlobs(m.Query)
+		if err != nil {
+			return nil, fmt.Errorf("deny_rules[%d].query: %w", i, err)
+		}
+		deny = append(deny, matchTerm(fmt.Sprintf("deny_rules[%d]", i), m.Method, m.Path, q))
+	}
+	return [][2]*ast.Term{
+		{ast.StringTerm("protocol"), ast.StringTerm(ep.Protocol)},
+		{ast.StringTerm("tls"), ast.StringTerm(ep.TLS)},
+		{ast.StringTerm("enforcement"), ast.StringTerm(enforcement)},
+		{ast.StringTerm("path"), ast.StringTerm(anyPath(ep.Path))},
+		{ast.StringTerm("rules"), ast.ArrayTerm(rules...)},
+		{ast.StringTerm("deny_rules"), ast.ArrayTerm(deny...)},
+	}, nil
+}
+
+// anyPath spells "any path" one way, so the rules need one test for it.
+func anyPath(p string) string {
+	if p == "*" {
+		return "**"
+	}
+	return p
+}
+
+func matchTerm(id, method, path string, query *ast.Term) *ast.Term {
+	if query == nil {
+		query = ast.ObjectTerm()
+	}
+	return ast.ObjectTerm(
+		[2]*ast.Term{ast.StringTerm("id"), ast.StringTerm(id)},
+		[2]*ast.Term{ast.StringTerm("method"), ast.StringTerm(strings.ToUpper(method))},
+		[2]*ast.Term{ast.StringTerm("path"), ast.StringTerm(anyPath(path))},
+		[2]*ast.Term{ast.StringTerm("query"), query},
+	)
+}
+
+// queryGlobs turns the two matcher forms (a glob, or {any: [globs]}) into
+// one: a list of globs per parameter.
+func queryGlobs(q map[string]any) (*ast.Term, error) {
+	obj := ast.NewObject()
+	for name, v := range q {
+		var globs []*ast.Term
+		switch x := v.(type) {
+		case string:
+			globs = append(globs, ast.StringTerm(x))
+		case map[string]any:
+			list, ok := x["any"].([]any)
+			if !ok || len(x) != 1 || len(list) == 0 {
+				return nil, fmt.Errorf("%s: want a glob or {any: [globs]}", name)
+			}
+			for _, g := range list {
+				s, ok := g.(string)
+				if !ok {
+					return nil, fmt.Errorf("%s: any holds %T, not a string", name, g)
+				}
+				globs = append(globs, ast.StringTerm(s))
+			}
+		default:
+			return nil, fmt.Errorf("%s: want a glob or {any: [globs]}, not %T", name, v)
+		}
+		obj.Insert(ast.StringTerm(name), ast.ArrayTerm(globs...))
+	}
+	return ast.NewTerm(obj), nil
 }
 
 func parsePrefix(s string) (netip.Prefix, error) {

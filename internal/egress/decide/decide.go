@@ -88,6 +88,7 @@ import (
 	"sync/atomic"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/metrics"
@@ -97,6 +98,9 @@ import (
 //go:embed policy.rego
 var bakedRules []byte
 
+// BakedRules returns the built-in rules, for users writing their own.
+func BakedRules() []byte { return slices.Clone(bakedRules) }
+
 // Engine implements egress.Decider with an embedded OPA engine evaluating
 // Rego rules over the current policy's data. It is safe for concurrent use.
 type Engine struct {
@@ -104,7 +108,10 @@ type Engine struct {
 	cur   atomic.Pointer[state]
 }
 
-var _ egress.Decider = (*Engine)(nil)
+var (
+	_ egress.Decider     = (*Engine)(nil)
+	_ egress.HTTPDecider = (*Engine)(nil)
+)
 
 // New compiles p with rules, or with the baked-in rules when rules is nil.
 func New(p *policy.Policy, rules []byte) (*Engine, error) {
@@ -140,19 +147,124 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 		return engineError("no policy loaded")
 	}
 	host, ip := normaliseTarget(r)
-	in := input(host, ip, int(r.Port), r.Identity, st.candidates(host, ip, r.Port))
-	v, err := eval(ctx, st.decision, in)
+	cands := st.candidates(host, ip, r.Port)
+	v, err := eval(ctx, st.decision, input(host, ip, int(r.Port), r.Identity, cands))
 	if err != nil {
 		return engineError(err.Error())
 	}
-	d, err := parseDecision(v)
+	d, key, err := parseDecision(v)
 	if err != nil {
 		return engineError(err.Error())
 	}
 	if !d.Allow {
 		d.Detail = denyDetail(d, r, host, ip)
+		return d
+	}
+	// The deciding policy's endpoints for this destination say whether its
+	// requests are inspected; rules that do not report the policy's key
+	// are matched by name.
+	for _, c := range cands {
+		if c.protocol == "" || !(c.key == key || key == "" && c.name == d.Policy) {
+			continue
+		}
+		if !d.Inspect {
+			d.Inspect, d.TLS = true, c.tls
+		}
+		d.AllowEncodedSlash = d.AllowEncodedSlash || c.encodedSlash
 	}
 	return d
+}
+
+// DecideHTTP evaluates one request of an inspected connection against the
+// current policy: the connection's decision is taken again (the policy
+// may have changed since it opened), then the request_decision rules.
+func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTPRequest) egress.HTTPDecision {
+	st := e.cur.Load()
+	if st == nil || st.request == nil {
+		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the policy rules define no request_decision"}
+	}
+	host, ip := normaliseTarget(r)
+	in := input(host, ip, int(r.Port), r.Identity, st.candidates(host, ip, r.Port))
+	in.(ast.Object).Insert(keyHTTP, httpTerm(h))
+	v, err := eval(ctx, *st.request, in)
+	if err != nil {
+		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
+	}
+	d, err := parseRequestDecision(v)
+	if err != nil {
+		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
+	}
+	if !d.Allow {
+		d.Detail = requestDenyDetail(d, h)
+	}
+	return d
+}
+
+func httpTerm(h egress.HTTPRequest) *ast.Term {
+	q := ast.NewObjectWithCapacity(len(h.Query))
+	for name, vals := range h.Query {
+		q.Insert(ast.StringTerm(name), ast.ArrayTerm(stringTerms(vals)...))
+	}
+	return ast.ObjectTerm(
+		[2]*ast.Term{keyMethod, ast.StringTerm(h.Method)},
+		[2]*ast.Term{keyPath, ast.StringTerm(h.Path)},
+		[2]*ast.Term{keyQuery, ast.NewTerm(q)},
+	)
+}
+
+// parseRequestDecision accepts only the documented shape of
+// request_decision.
+func parseRequestDecision(v ast.Value) (egress.HTTPDecision, error) {
+	var d egress.HTTPDecision
+	obj, ok := v.(ast.Object)
+	if !ok {
+		return d, fmt.Errorf("request_decision is %v, not an object", ast.ValueName(v))
+	}
+	allow, ok := field(obj, keyAllow).(ast.Boolean)
+	if !ok {
+		return d, errors.New("request_decision.allow is not a boolean")
+	}
+	var policyName, rule, reason, enforcement ast.String
+	for _, f := range []struct {
+		key *ast.Term
+		dst *ast.String
+	}{{keyPolicy, &policyName}, {keyRule, &rule}, {keyReason, &reason}, {keyEnforcement, &enforcement}} {
+		switch x := field(obj, f.key).(type) {
+		case nil:
+		case ast.String:
+			*f.dst = x
+		default:
+			return d, fmt.Errorf("request_decision.%v is %v, not a string", f.key.Value, ast.ValueName(x))
+		}
+	}
+	switch enforcement {
+	case "", policy.EnforcementEnforce:
+	case policy.EnforcementAudit:
+		d.Audit = true
+	default:
+		return d, fmt.Errorf("request_decision.enforcement is %q", string(enforcement))
+	}
+	d.Allow, d.Policy, d.Rule = bool(allow), string(policyName), string(rule)
+	if !d.Allow {
+		d.Reason = string(reason)
+		if d.Reason == "" {
+			d.Reason = egress.ReasonL7NoRule
+		}
+	}
+	return d, nil
+}
+
+func requestDenyDetail(d egress.HTTPDecision, h egress.HTTPRequest) string {
+	req := h.Method + " " + h.Path
+	switch d.Reason {
+	case egress.ReasonL7DenyRule:
+		return fmt.Sprintf("%s matches %s of policy %q", req, d.Rule, d.Policy)
+	case egress.ReasonL7NoRule:
+		return fmt.Sprintf("no rule of policy %q allows %s", d.Policy, req)
+	case egress.ReasonL7NoEndpoint:
+		return fmt.Sprintf("no endpoint of policy %q selects the path %s", d.Policy, h.Path)
+	}
+	return "denied by the policy rules"
 }
 
 // NameAllowed reports whether some endpoint's host pattern matches host,
@@ -208,9 +320,7 @@ func engineError(detail string) egress.Decision {
 	return egress.Decision{Reason: egress.ReasonEngine, Detail: detail}
 }
 
-func normaliseHost(h string) string {
-	return strings.TrimSuffix(strings.ToLower(h), ".")
-}
+var normaliseHost = hostpattern.Normalise
 
 // normaliseTarget returns the host name or, for a literal destination, the
 // address in the form allowed_ips are written in. A listener that put an
@@ -234,21 +344,27 @@ func normaliseTarget(r egress.Request) (host, ip string) {
 // Keys are shared between inputs; OPA treats terms as immutable, as its own
 // interned terms are.
 var (
-	keyNetwork    = ast.StringTerm("network")
-	keyHost       = ast.StringTerm("host")
-	keyIP         = ast.StringTerm("ip")
-	keyPort       = ast.StringTerm("port")
-	keyExec       = ast.StringTerm("exec")
-	keyPath       = ast.StringTerm("path")
-	keyAncestors  = ast.StringTerm("ancestors")
-	keyCmdline    = ast.StringTerm("cmdline_paths")
-	keyPaths      = ast.StringTerm("paths")
-	keyCandidates = ast.StringTerm("candidates")
-	keyPolicy     = ast.StringTerm("policy")
-	keyEndpoint   = ast.StringTerm("endpoint")
-	keyAllow      = ast.StringTerm("allow")
-	keyReason     = ast.StringTerm("reason")
-	keyAllowedIPs = ast.StringTerm("allowed_ips")
+	keyNetwork     = ast.StringTerm("network")
+	keyHost        = ast.StringTerm("host")
+	keyIP          = ast.StringTerm("ip")
+	keyPort        = ast.StringTerm("port")
+	keyExec        = ast.StringTerm("exec")
+	keyPath        = ast.StringTerm("path")
+	keyAncestors   = ast.StringTerm("ancestors")
+	keyCmdline     = ast.StringTerm("cmdline_paths")
+	keyPaths       = ast.StringTerm("paths")
+	keyCandidates  = ast.StringTerm("candidates")
+	keyPolicy      = ast.StringTerm("policy")
+	keyEndpoint    = ast.StringTerm("endpoint")
+	keyAllow       = ast.StringTerm("allow")
+	keyReason      = ast.StringTerm("reason")
+	keyAllowedIPs  = ast.StringTerm("allowed_ips")
+	keyKey         = ast.StringTerm("key")
+	keyHTTP        = ast.StringTerm("http")
+	keyMethod      = ast.StringTerm("method")
+	keyQuery       = ast.StringTerm("query")
+	keyRule        = ast.StringTerm("rule")
+	keyEnforcement = ast.StringTerm("enforcement")
 )
 
 func input(host, ip string, port int, id egress.Identity, cands []*endpoint) ast.Value {
@@ -293,27 +409,29 @@ func stringTerms(ss []string) []*ast.Term {
 
 // parseDecision accepts only the documented shape, so that rules returning
 // anything else deny instead of being half understood.
-func parseDecision(v ast.Value) (egress.Decision, error) {
+// The second result is the deciding policy's key in network_policies, if
+// the rules report it.
+func parseDecision(v ast.Value) (egress.Decision, string, error) {
 	var d egress.Decision
 	obj, ok := v.(ast.Object)
 	if !ok {
-		return d, fmt.Errorf("decision is %v, not an object", ast.ValueName(v))
+		return d, "", fmt.Errorf("decision is %v, not an object", ast.ValueName(v))
 	}
 	allow, ok := field(obj, keyAllow).(ast.Boolean)
 	if !ok {
-		return d, errors.New("decision.allow is not a boolean")
+		return d, "", errors.New("decision.allow is not a boolean")
 	}
-	var policyName, reason ast.String
+	var policyName, reason, key ast.String
 	for _, f := range []struct {
 		key *ast.Term
 		dst *ast.String
-	}{{keyPolicy, &policyName}, {keyReason, &reason}} {
+	}{{keyPolicy, &policyName}, {keyReason, &reason}, {keyKey, &key}} {
 		switch x := field(obj, f.key).(type) {
 		case nil:
 		case ast.String:
 			*f.dst = x
 		default:
-			return d, fmt.Errorf("decision.%v is %v, not a string", f.key.Value, ast.ValueName(x))
+			return d, "", fmt.Errorf("decision.%v is %v, not a string", f.key.Value, ast.ValueName(x))
 		}
 	}
 	switch x := field(obj, keyAllowedIPs).(type) {
@@ -322,16 +440,16 @@ func parseDecision(v ast.Value) (egress.Decision, error) {
 		for i := range x.Len() {
 			s, ok := x.Elem(i).Value.(ast.String)
 			if !ok {
-				return d, errors.New("decision.allowed_ips holds a value that is not a string")
+				return d, "", errors.New("decision.allowed_ips holds a value that is not a string")
 			}
 			pfx, err := parsePrefix(string(s))
 			if err != nil {
-				return d, fmt.Errorf("decision.allowed_ips: %w", err)
+				return d, "", fmt.Errorf("decision.allowed_ips: %w", err)
 			}
 			d.AllowedIPs = append(d.AllowedIPs, pfx)
 		}
 	default:
-		return d, fmt.Errorf("decision.allowed_ips is %v, not an array", ast.ValueName(x))
+		return d, "", fmt.Errorf("decision.allowed_ips is %v, not an array", ast.ValueName(x))
 	}
 	d.Allow, d.Policy = bool(allow), string(policyName)
 	if !d.Allow {
@@ -340,7 +458,7 @@ func parseDecision(v ast.Value) (egress.Decision, error) {
 			d.Reason = egress.ReasonNoPolicy
 		}
 	}
-	return d, nil
+	return d, string(key), nil
 }
 
 func field(obj ast.Object, key *ast.Term) ast.Value {

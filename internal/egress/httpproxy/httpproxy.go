@@ -59,8 +59,12 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	// net/http.ReadRequest has no size limit of its own; the limit is
 	// lifted once the head is read so bodies and tunnels flow.
 	lr := &io.LimitedReader{R: c, N: MaxHeaderBytes}
-	br := bufio.NewReader(lr)
+	// The bytes of the head (and what bufio read beyond it) are kept so an
+	// inspected forward can hand the connection on exactly as it came.
+	rec := &recorder{}
+	br := bufio.NewReader(io.TeeReader(lr, rec))
 	req, err := http.ReadRequest(br)
+	rec.off = true
 	if err != nil {
 		status := http.StatusBadRequest
 		if lr.N == 0 {
@@ -77,7 +81,7 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	case req.Method == http.MethodConnect:
 		s.connect(ctx, c, br, req)
 	case req.URL.IsAbs() && req.URL.Scheme == "http":
-		s.forward(ctx, c, req)
+		s.forward(ctx, c, req, rec.b)
 	default:
 		s.replyError(c, http.StatusBadRequest, "expected CONNECT host:port or an absolute http:// URI")
 	}
@@ -94,11 +98,12 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, req 
 		s.replyError(c, http.StatusBadRequest, err.Error())
 		return
 	}
-	up, err := s.Gate.Connect(ctx, c, r)
+	t, err := s.Gate.Connect(ctx, c, r)
 	if err != nil {
 		s.refuse(c, err)
 		return
 	}
+	up := t.Up
 	c.SetWriteDeadline(time.Now().Add(replyTimeout))
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		c.Close()
@@ -109,11 +114,15 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, req 
 	// Bytes the client sent ahead of our 200 (a ClientHello, typically)
 	// sit in br; they go upstream first, through the same check.
 	ahead, _ := br.Peek(br.Buffered())
+	if t.Decision.Inspect {
+		s.Gate.Inspect(ctx, egress.Replay(c, ahead), t)
+		return
+	}
 	var client net.Conn = c
 	if r.Host != "" {
 		client = sniff.Guard(c, append([]byte(nil), ahead...), sniff.DefaultMax, sniff.DefaultTimeout, s.Gate.Recheck(ctx, c, r))
-	} else if len(ahead) > 0 {
-		client = &prefixed{Conn: c, prefix: append([]byte(nil), ahead...)}
+	} else {
+		client = egress.Replay(c, ahead)
 	}
 	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
 		s.log().Debug("http proxy tunnel ended", "target", r.Target(), "err", err)
@@ -123,7 +132,7 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, req 
 // forward sends one absolute-URI request upstream in origin form and
 // streams the response back; Connection: close both ways keeps it to one
 // request per connection, so every request meets the gate.
-func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request) {
+func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request, raw []byte) {
 	defer c.Close()
 	if req.URL.User != nil {
 		s.replyError(c, http.StatusBadRequest, "credentials in the URL are not forwarded")
@@ -138,11 +147,18 @@ func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request) {
 		s.replyError(c, http.StatusBadRequest, err.Error())
 		return
 	}
-	up, err := s.Gate.Connect(ctx, c, r)
+	t, err := s.Gate.Connect(ctx, c, r)
 	if err != nil {
 		s.refuse(c, err)
 		return
 	}
+	if t.Decision.Inspect {
+		// The inspector reads the request again from its raw bytes and
+		// decides it, and any that follow on the connection, one by one.
+		s.Gate.Inspect(ctx, egress.Replay(c, raw), t)
+		return
+	}
+	up := t.Up
 	defer up.Close()
 	// Waiting for the response reads only from up, so shutdown must reach
 	// it directly.
@@ -324,26 +340,17 @@ func (s *Server) replyError(c net.Conn, status int, msg string) {
 		status, http.StatusText(status), len(msg)+1, msg+"\n")
 }
 
-// prefixed replays bytes read ahead before reading from the connection.
-type prefixed struct {
-	net.Conn
-	prefix []byte
+// recorder keeps what passes through it until switched off.
+type recorder struct {
+	b   []byte
+	off bool
 }
 
-func (p *prefixed) Read(b []byte) (int, error) {
-	if len(p.prefix) > 0 {
-		n := copy(b, p.prefix)
-		p.prefix = p.prefix[n:]
-		return n, nil
+func (r *recorder) Write(p []byte) (int, error) {
+	if !r.off {
+		r.b = append(r.b, p...)
 	}
-	return p.Conn.Read(b)
-}
-
-func (p *prefixed) CloseWrite() error {
-	if cw, ok := p.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
+	return len(p), nil
 }
 
 func (s *Server) log() *slog.Logger {

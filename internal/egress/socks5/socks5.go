@@ -199,18 +199,23 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 			r.Host, r.IP = name, netip.Addr{}
 		}
 	}
-	up, err := s.Gate.Connect(ctx, c, r)
+	tun, err := s.Gate.Connect(ctx, c, r)
 	if err != nil {
 		writeReply(c, refusalCode(err))
 		c.Close()
 		return
 	}
+	up := tun.Up
 	if err := writeReply(c, RepSucceeded); err != nil {
 		c.Close()
 		up.Close()
 		return
 	}
 	c.SetDeadline(time.Time{})
+	if tun.Decision.Inspect {
+		s.Gate.Inspect(ctx, c, tun)
+		return
+	}
 	var client net.Conn = c
 	if r.Host != "" {
 		client = sniff.Guard(c, nil, sniff.DefaultMax, sniff.DefaultTimeout, s.Gate.Recheck(ctx, c, r))

@@ -92,13 +92,18 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		}
 	}
 
-	up, err := s.Gate.Connect(ctx, c, r)
+	t, err := s.Gate.Connect(ctx, c, r)
 	if err != nil {
 		// The gate has recorded the refusal; an RST is the only reason a
 		// raw TCP client can be shown.
 		reset(c)
 		return
 	}
+	if t.Decision.Inspect {
+		s.Gate.Inspect(ctx, egress.Replay(c, opening), t)
+		return
+	}
+	up := t.Up
 
 	if r.SniffedKind == "http_host" {
 		s.relayHTTP(ctx, c, up, opening, r)

@@ -9,6 +9,19 @@
 // address, HTTP, HTTPS (HTTP/1.1 and h2, with a test CA), a line echo server
 // and a "banner" server that speaks first, as SSH does.
 //
+// The HTTP and HTTPS servers answer every path with "hello from <name>
+// <METHOD> <path>", except these, which give tests the kinds of upstream
+// behaviour a proxy has to carry:
+//
+//   - /stream/<id>: a text/event-stream that sends "data: first", then waits
+//     for [Lab.Release] of id (at most 20 s) before sending "data: last".
+//   - /ws: a WebSocket echo server (HTTP/1.1 only).
+//   - /echo-headers: the request headers as a JSON object.
+//   - /big?n=N: N bytes of 'x' (default 1 MiB, at most 64 MiB).
+//   - /status/<code>: status code (200 to 599) with body "status <code>".
+//
+// Every request, to these paths too, is recorded (see [Lab.HTTPRequests]).
+//
 // The namespace is never mounted: it is held only by a file descriptor and by
 // the sockets created in it, so a crashed test cannot leave it behind.
 package netlab
@@ -22,6 +35,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -42,6 +56,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/websocket"
 	"golang.org/x/sys/unix"
 )
 
@@ -79,6 +94,9 @@ const (
 	maxEchoBytes    = 1 << 20
 	lockWait        = 90 * time.Second
 	readyWait       = 5 * time.Second
+	streamWait      = 20 * time.Second // longest a /stream/<id> waits for Release
+	defaultBig      = 1 << 20
+	maxBig          = 64 << 20
 )
 
 var (
@@ -133,6 +151,7 @@ type Lab struct {
 	tcpSeen    []ConnSeen
 	closers    []func()
 	conns      map[net.Conn]struct{}
+	streams    map[string]*labStream
 	closed     bool
 	wg         sync.WaitGroup
 }
@@ -154,6 +173,7 @@ func Start(t testing.TB, hosts ...Host) *Lab {
 		HostAddr: hostSideIP,
 		records:  map[string][]netip.Addr{},
 		conns:    map[net.Conn]struct{}{},
+		streams:  map[string]*labStream{},
 	}
 	// byAddr groups names per address: several names may share a server
 	// (virtual hosting), and each address gets one set of listeners.
@@ -432,6 +452,28 @@ func (l *Lab) HTTPClient() *http.Client {
 	}
 }
 
+// Release lets every /stream/<id> request for id send its last event and
+// end, including ones that arrive later: a test need not wait for the request
+// before releasing it.
+func (l *Lab) Release(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.streamLocked(id)
+	if !s.released {
+		s.released = true
+		close(s.release)
+	}
+}
+
+// StreamStarted reports whether a /stream/<id> request for id has written its
+// first event.
+func (l *Lab) StreamStarted(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.streams[id]
+	return ok && s.started
+}
+
 // ---- DNS ----
 
 func (l *Lab) serveDNS(t testing.TB, pc net.PacketConn, ln net.Listener) {
@@ -526,6 +568,12 @@ func (l *Lab) serveHTTP(ln net.Listener, names []string, tc *tls.Config) {
 		WriteTimeout:      ioTimeout,
 		IdleTimeout:       ioTimeout,
 		MaxHeaderBytes:    64 << 10,
+		// The server forgets a connection once the WebSocket endpoint has
+		// taken it over; the endpoint finds it here to register it for
+		// shutdown.
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 		// Failed handshakes are expected in tests (that is the point of
 		// many of them) and would only clutter the output.
 		ErrorLog: log.New(io.Discard, "", 0),
@@ -584,9 +632,201 @@ func (l *Lab) httpHandler(names []string) http.Handler {
 				name = n
 			}
 		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "hello from %s %s %s", name, r.Method, r.URL.Path)
+		p := r.URL.Path
+		switch {
+		case strings.HasPrefix(p, "/stream/"):
+			l.stream(w, r, strings.TrimPrefix(p, "/stream/"))
+		case p == "/ws":
+			l.webSocket(w, r)
+		case p == "/echo-headers":
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(r.Header)
+		case p == "/big":
+			sendBig(w, r)
+		case strings.HasPrefix(p, "/status/"):
+			sendStatus(w, strings.TrimPrefix(p, "/status/"))
+		default:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprintf(w, "hello from %s %s %s", name, r.Method, p)
+		}
 	})
+}
+
+// connKey is the request context key under which serveHTTP stores the
+// request's connection.
+type connKey struct{}
+
+// labStream is what Release and /stream/<id> requests share for one id.
+type labStream struct {
+	release  chan struct{} // closed by Release
+	released bool
+	started  bool
+}
+
+// streamLocked returns the state for id, creating it; l.mu must be held.
+func (l *Lab) streamLocked(id string) *labStream {
+	s, ok := l.streams[id]
+	if !ok {
+		s = &labStream{release: make(chan struct{})}
+		l.streams[id] = s
+	}
+	return s
+}
+
+// stream serves /stream/<id>: an event stream that stays open, with its first
+// event delivered, until the test releases it, as a long poll or a server-sent
+// event stream would.
+func (l *Lab) stream(w http.ResponseWriter, r *http.Request, id string) {
+	if id == "" {
+		http.Error(w, "netlab: /stream/ needs an id", http.StatusBadRequest)
+		return
+	}
+	// The server's timeouts are sized for ordinary requests and would cut
+	// the stream (or, for HTTP/1.1, cancel it through the read deadline)
+	// while it waits; it stays bounded, only by streamWait instead.
+	rc := http.NewResponseController(w)
+	end := time.Now().Add(streamWait + ioTimeout)
+	_ = rc.SetReadDeadline(end)
+	_ = rc.SetWriteDeadline(end)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	if _, err := io.WriteString(w, "data: first\n\n"); err != nil {
+		return
+	}
+	l.mu.Lock()
+	s := l.streamLocked(id)
+	// Marked before the flush, so that a client that has read the event
+	// always finds StreamStarted true.
+	s.started = true
+	release := s.release
+	l.mu.Unlock()
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	t := time.NewTimer(streamWait)
+	defer t.Stop()
+	select {
+	case <-release:
+	case <-t.C:
+	case <-r.Context().Done():
+		return
+	}
+	_, _ = io.WriteString(w, "data: last\n\n")
+}
+
+// webSocket serves /ws, echoing every message. x/net/websocket takes over the
+// connection, which only HTTP/1.x allows; the connection is registered like a
+// raw one so that shutdown closes it.
+func (l *Lab) webSocket(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor != 1 {
+		// x/net/websocket would panic on a connection it cannot take over.
+		http.Error(w, "netlab: WebSocket needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
+		return
+	}
+	c, _ := r.Context().Value(connKey{}).(net.Conn)
+	l.mu.Lock()
+	if c == nil || l.closed {
+		l.mu.Unlock()
+		http.Error(w, "netlab: shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	l.conns[c] = struct{}{}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	defer l.wg.Done()
+	defer l.dropConn(c)
+	websocket.Server{
+		// Tests dial without a browser's Origin; any client is welcome.
+		Handshake: func(*websocket.Config, *http.Request) error { return nil },
+		Handler:   wsEcho,
+	}.ServeHTTP(w, r)
+}
+
+// wsMessage keeps a message's frame type along with its payload, so that the
+// echo is the same message, text or binary.
+type wsMessage struct {
+	data []byte
+	typ  byte
+}
+
+var wsCodec = websocket.Codec{
+	Marshal: func(v any) ([]byte, byte, error) {
+		m := v.(*wsMessage)
+		return m.data, m.typ, nil
+	},
+	Unmarshal: func(data []byte, typ byte, v any) error {
+		m := v.(*wsMessage)
+		m.data, m.typ = data, typ
+		return nil
+	},
+}
+
+// wsEcho sends every message back until the client closes, an idle timeout,
+// or the same per-connection byte and time limits as the line echo server.
+func wsEcho(ws *websocket.Conn) {
+	ws.MaxPayloadBytes = maxEchoBytes
+	end := time.Now().Add(connLifetime)
+	// The deadlines the HTTP server set stay on a connection taken over.
+	_ = ws.SetWriteDeadline(end)
+	total := 0
+	for total < maxEchoBytes {
+		dl := time.Now().Add(ioTimeout)
+		if dl.After(end) {
+			dl = end
+		}
+		_ = ws.SetReadDeadline(dl)
+		var m wsMessage
+		if err := wsCodec.Receive(ws, &m); err != nil {
+			return
+		}
+		total += len(m.data)
+		if err := wsCodec.Send(ws, &m); err != nil {
+			return
+		}
+	}
+}
+
+// sendBig serves /big?n=N.
+func sendBig(w http.ResponseWriter, r *http.Request) {
+	n := int64(defaultBig)
+	if s := r.URL.Query().Get("n"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 || v > maxBig {
+			http.Error(w, fmt.Sprintf("netlab: n must be 0 to %d", maxBig), http.StatusBadRequest)
+			return
+		}
+		n = v
+	}
+	// A throughput test through a slow sandbox may need longer than the
+	// server's write timeout for the largest bodies.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(connLifetime))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	buf := make([]byte, min(n, 64<<10))
+	for i := range buf {
+		buf[i] = 'x'
+	}
+	for n > 0 {
+		k, err := w.Write(buf[:min(int64(len(buf)), n)])
+		if err != nil {
+			return
+		}
+		n -= int64(k)
+	}
+}
+
+// sendStatus serves /status/<code>. Informational codes are refused: the
+// server would send them as interim responses and the request would hang
+// without a final one.
+func sendStatus(w http.ResponseWriter, s string) {
+	code, err := strconv.Atoi(s)
+	if err != nil || code < 200 || code > 599 {
+		http.Error(w, "netlab: /status/ needs a code from 200 to 599", http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, "status %d", code)
 }
 
 // ---- raw TCP: echo and banner ----

@@ -2,8 +2,11 @@ package netlab
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/websocket"
 	"golang.org/x/sys/unix"
 )
 
@@ -153,6 +157,202 @@ func TestLabServices(t *testing.T) {
 			t.Errorf("TCPConns: %d entries", n)
 		}
 	})
+}
+
+// TestLabSpecialPaths checks the HTTP paths that behave unlike "hello".
+func TestLabSpecialPaths(t *testing.T) {
+	l := Start(t, apiHost, gitHost)
+	client := l.HTTPClient()
+	t.Cleanup(client.CloseIdleConnections)
+
+	t.Run("stream", func(t *testing.T) {
+		for _, tc := range []struct {
+			id, url, proto string
+		}{
+			{"t1", "https://203.0.113.10/stream/t1", "HTTP/2.0"},
+			{"t1-h1", "http://203.0.113.10/stream/t1-h1", "HTTP/1.1"},
+		} {
+			if l.StreamStarted(tc.id) {
+				t.Errorf("%s: started before any request", tc.id)
+			}
+			req := mustReq(t, tc.url)
+			req.Header.Set("X-Probe", "stream-"+tc.id)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.url, err)
+			}
+			if resp.Proto != tc.proto || resp.Header.Get("Content-Type") != "text/event-stream" {
+				t.Errorf("%s: %s, Content-Type %q", tc.url, resp.Proto, resp.Header.Get("Content-Type"))
+			}
+			br := bufio.NewReader(resp.Body)
+			first, err := br.ReadString('\n')
+			if err == nil {
+				_, err = br.ReadString('\n')
+			}
+			if err != nil || first != "data: first\n" {
+				t.Fatalf("%s: first event %q, %v", tc.url, first, err)
+			}
+			if !l.StreamStarted(tc.id) {
+				t.Errorf("%s: StreamStarted false after the first event", tc.id)
+			}
+			rest := make(chan string, 1)
+			go func() {
+				b, _ := io.ReadAll(br)
+				rest <- string(b)
+			}()
+			// A short look only: the stream must still be open, which a
+			// longer wait could only confirm more slowly.
+			select {
+			case got := <-rest:
+				t.Fatalf("%s: stream ended before Release with %q", tc.url, got)
+			case <-time.After(200 * time.Millisecond):
+			}
+			l.Release(tc.id)
+			if got := <-rest; got != "data: last\n\n" {
+				t.Errorf("%s: after Release got %q", tc.url, got)
+			}
+			resp.Body.Close()
+			if s := findSeen(t, l, "stream-"+tc.id); s.Path != "/stream/"+tc.id || s.Proto != tc.proto {
+				t.Errorf("seen %+v", s)
+			}
+		}
+		if l.StreamStarted("never") {
+			t.Errorf("StreamStarted for an id never requested")
+		}
+
+		// Released before the request arrives: no wait after the first event.
+		l.Release("early")
+		body, _ := do(t, client, mustReq(t, "http://203.0.113.10/stream/early"))
+		if body != "data: first\n\ndata: last\n\n" {
+			t.Errorf("early release: %q", body)
+		}
+	})
+
+	t.Run("websocket", func(t *testing.T) {
+		for _, tc := range []struct {
+			url string
+			tls bool
+		}{
+			{"ws://203.0.113.10/ws", false},
+			{"wss://203.0.113.11/ws", true},
+		} {
+			cfg, err := websocket.NewConfig(tc.url, "http://client.test.example/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Dialer = &net.Dialer{Timeout: 5 * time.Second}
+			cfg.TlsConfig = &tls.Config{RootCAs: l.CertPool(), ServerName: "git.test.example"}
+			cfg.Header.Set("X-Probe", tc.url)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ws, err := cfg.DialContext(ctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s: %v", tc.url, err)
+			}
+			_ = ws.SetDeadline(time.Now().Add(5 * time.Second))
+			for _, m := range []wsMessage{
+				{[]byte("hello"), websocket.TextFrame},
+				{[]byte{0, 1, 2, 0xff}, websocket.BinaryFrame},
+				{bytes.Repeat([]byte("y"), 100000), websocket.TextFrame},
+			} {
+				if err := wsCodec.Send(ws, &m); err != nil {
+					t.Fatalf("%s: send: %v", tc.url, err)
+				}
+				var got wsMessage
+				if err := wsCodec.Receive(ws, &got); err != nil {
+					t.Fatalf("%s: receive: %v", tc.url, err)
+				}
+				if !bytes.Equal(got.data, m.data) || got.typ != m.typ {
+					t.Errorf("%s: sent %d bytes of type %d, got %d bytes of type %d", tc.url, len(m.data), m.typ, len(got.data), got.typ)
+				}
+			}
+			ws.Close()
+			s := findSeen(t, l, tc.url)
+			if s.Path != "/ws" || s.TLS != tc.tls || !strings.EqualFold(s.Header.Get("Upgrade"), "websocket") {
+				t.Errorf("seen %+v", s)
+			}
+		}
+
+		// HTTP/2 cannot carry x/net/websocket; the answer must say so rather
+		// than break the connection.
+		resp, err := client.Do(mustReq(t, "https://203.0.113.10/ws"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Proto != "HTTP/2.0" || resp.StatusCode != http.StatusHTTPVersionNotSupported {
+			t.Errorf("/ws over %s: status %d", resp.Proto, resp.StatusCode)
+		}
+	})
+
+	t.Run("echo_headers", func(t *testing.T) {
+		req := mustReq(t, "https://203.0.113.10/echo-headers")
+		req.Header.Add("X-Custom", "one")
+		req.Header.Add("X-Custom", "two")
+		body, _ := do(t, client, req)
+		var got map[string][]string
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if !slices.Equal(got["X-Custom"], []string{"one", "two"}) {
+			t.Errorf("X-Custom %q in %s", got["X-Custom"], body)
+		}
+	})
+
+	t.Run("big", func(t *testing.T) {
+		for _, tc := range []struct {
+			query string
+			n     int
+		}{{"", 1 << 20}, {"?n=0", 0}, {"?n=3000001", 3000001}} {
+			resp, err := client.Do(mustReq(t, "http://203.0.113.10/big"+tc.query))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || resp.ContentLength != int64(tc.n) || len(b) != tc.n ||
+				bytes.Count(b, []byte("x")) != tc.n {
+				t.Errorf("/big%s: status %d, Content-Length %d, %d bytes, %v", tc.query, resp.StatusCode, resp.ContentLength, len(b), err)
+			}
+		}
+		resp, err := client.Do(mustReq(t, "http://203.0.113.10/big?n=67108865"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("/big over the limit: status %d", resp.StatusCode)
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		for _, tc := range []struct {
+			path string
+			code int
+			body string
+		}{
+			{"/status/418", 418, "status 418"},
+			{"/status/503", 503, "status 503"},
+			{"/status/101", 400, ""},
+			{"/status/teapot", 400, ""},
+		} {
+			resp, err := client.Do(mustReq(t, "https://203.0.113.10"+tc.path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.code || (tc.body != "" && string(b) != tc.body) {
+				t.Errorf("%s: status %d, body %q", tc.path, resp.StatusCode, b)
+			}
+		}
+	})
+
+	// The default answer is unchanged next to the special paths.
+	body, _ := do(t, client, mustReq(t, "http://203.0.113.10/streams"))
+	if body != "hello from api.test.example GET /streams" {
+		t.Errorf("got %q", body)
+	}
 }
 
 // TestLabCleanup checks that a crashed run's link is removed, that everything

@@ -11,6 +11,8 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -72,6 +74,7 @@ func init() {
 		"raise":       cmdRaise,
 		"sleep":       cmdSleep,
 		"env":         cmdEnv,
+		"https-get":   cmdHTTPSGet,
 		"hostname":    cmdHostname,
 		"whoami":      cmdWhoami,
 		"plant":       cmdPlant,
@@ -235,6 +238,26 @@ func cmdEnv([]string) int {
 	for _, kv := range os.Environ() {
 		fmt.Println(kv)
 	}
+	return 0
+}
+
+// cmdHTTPSGet fetches a URL with Go's default client, which trusts what
+// SSL_CERT_FILE names (else the system bundle): the check that a Go tool in
+// the sandbox accepts the certificates corral's inspection presents.
+func cmdHTTPSGet(args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: https-get URL")
+		return exitUsage
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(args[0])
+	if err != nil {
+		fmt.Println("GOERR", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	fmt.Println("GOSTATUS", resp.StatusCode, resp.Proto, string(body))
 	return 0
 }
 

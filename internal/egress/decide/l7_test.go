@@ -1,0 +1,193 @@
+package decide
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+func restEndpoint(mod func(*policy.Endpoint)) policy.Endpoint {
+	ep := policy.Endpoint{Host: "api.example.com", Port: 443, Protocol: policy.ProtocolREST, TLS: policy.TLSTerminate}
+	mod(&ep)
+	return ep
+}
+
+func req(method, path string, query map[string][]string) egress.HTTPRequest {
+	return egress.HTTPRequest{Method: method, Path: path, Query: query}
+}
+
+func TestConnectionDecisionReportsInspection(t *testing.T) {
+	p := hostPolicy(nil,
+		restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly; ep.TLS = "" }),
+		policy.Endpoint{Host: "plain.example.com", Port: 443},
+	)
+	e := mustNew(t, p, nil)
+	d := e.Decide(context.Background(), byName("api.example.com", 443, curl))
+	if !d.Allow || !d.Inspect || d.TLS != "" {
+		t.Errorf("rest endpoint: got %+v, want allowed and inspected", d)
+	}
+	d = e.Decide(context.Background(), byName("plain.example.com", 443, curl))
+	if !d.Allow || d.Inspect {
+		t.Errorf("L4 endpoint: got %+v, want allowed, not inspected", d)
+	}
+}
+
+func TestRequestRules(t *testing.T) {
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	tests := []struct {
+		name string
+		ep   func(*policy.Endpoint)
+		req  egress.HTTPRequest
+		want bool
+		rule string
+	}{
+		{"read-only allows GET", func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }, req("GET", "/repos/x", nil), true, "access: read-only"},
+		{"read-only allows HEAD", func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }, req("HEAD", "/", nil), true, "access: read-only"},
+		{"read-only blocks POST", func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }, req("POST", "/graphql", nil), false, ""},
+		{"read-only blocks DELETE", func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }, req("DELETE", "/repos/x", nil), false, ""},
+		{"read-write allows PATCH", func(ep *policy.Endpoint) { ep.Access = policy.AccessReadWrite }, req("PATCH", "/x", nil), true, "access: read-write"},
+		{"read-write blocks DELETE", func(ep *policy.Endpoint) { ep.Access = policy.AccessReadWrite }, req("DELETE", "/x", nil), false, ""},
+		{"full allows DELETE", func(ep *policy.Endpoint) { ep.Access = policy.AccessFull }, req("DELETE", "/x", nil), true, "access: full"},
+		{"rule allows exactly its method and path", ghRules, req("POST", "/graphql", nil), true, "rules[1]"},
+		{"rule path is exact", ghRules, req("POST", "/graphql/x", nil), false, ""},
+		{"other method on the rule's path", ghRules, req("PUT", "/graphql", nil), false, ""},
+		{"* stays in a segment", ghRules, req("GET", "/users/octocat", nil), true, "rules[2]"},
+		{"* does not cross segments", ghRules, req("GET", "/users/octocat/repos", nil), false, ""},
+		{"** crosses segments", ghRules, req("GET", "/repos/a/b/c", nil), true, "rules[0]"},
+		{"? and classes", ghRules, req("GET", "/v1/items", nil), true, "rules[3]"},
+		{"class excludes", ghRules, req("GET", "/v9/items", nil), false, ""},
+		{"deny rule wins over allow", ghRules, req("GET", "/repos/a/secrets/x", nil), false, "deny_rules[0]"},
+		{"query glob matches", ghRules, req("GET", "/search", map[string][]string{"q": {"repo:corral"}}), true, "rules[4]"},
+		{"query glob mismatch", ghRules, req("GET", "/search", map[string][]string{"q": {"user:x"}}), false, ""},
+		{"query missing", ghRules, req("GET", "/search", nil), false, ""},
+		{"every repeated value must match", ghRules, req("GET", "/search", map[string][]string{"q": {"repo:a", "user:x"}}), false, ""},
+		{"query any-of", ghRules, req("GET", "/list", map[string][]string{"state": {"closed"}}), true, "rules[5]"},
+		{"query any-of mismatch", ghRules, req("GET", "/list", map[string][]string{"state": {"all"}}), false, ""},
+		{"extra parameters are fine", ghRules, req("GET", "/list", map[string][]string{"state": {"open"}, "page": {"2"}}), true, "rules[5]"},
+		{"any method rule", func(ep *policy.Endpoint) {
+			ep.Rules = []policy.L7Rule{{Allow: policy.L7Match{Method: "*", Path: "/any/**"}}}
+		}, req("PURGE", "/any/x", nil), true, "rules[0]"},
+		{"deny by method only", func(ep *policy.Endpoint) {
+			ep.Access = policy.AccessFull
+			ep.DenyRules = []policy.L7Match{{Method: "DELETE", Path: "**"}}
+		}, req("DELETE", "/x", nil), false, "deny_rules[0]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := mustNew(t, hostPolicy([]string{curl}, restEndpoint(tt.ep)), nil)
+			d := e.DecideHTTP(ctx, conn, tt.req)
+			if d.Allow != tt.want || d.Rule != tt.rule || d.Audit {
+				t.Fatalf("got %+v, want allow=%v rule=%q", d, tt.want, tt.rule)
+			}
+			if !d.Allow && (d.Reason == "" || d.Detail == "" || d.Policy != "p") {
+				t.Errorf("denial without reason, detail or policy: %+v", d)
+			}
+		})
+	}
+}
+
+func ghRules(ep *policy.Endpoint) {
+	ep.Rules = []policy.L7Rule{
+		{Allow: policy.L7Match{Method: "get", Path: "/repos/**"}},
+		{Allow: policy.L7Match{Method: "POST", Path: "/graphql"}},
+		{Allow: policy.L7Match{Method: "GET", Path: "/users/*"}},
+		{Allow: policy.L7Match{Method: "GET", Path: "/v[1-3]/item?"}},
+		{Allow: policy.L7Match{Method: "GET", Path: "/search", Query: map[string]any{"q": "repo:*"}}},
+		{Allow: policy.L7Match{Method: "GET", Path: "/list", Query: map[string]any{"state": map[string]any{"any": []any{"open", "closed"}}}}},
+	}
+	ep.DenyRules = []policy.L7Match{{Method: "*", Path: "/repos/*/secrets/**"}}
+}
+
+func TestRequestAuditMode(t *testing.T) {
+	e := mustNew(t, hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) {
+		ep.Access = policy.AccessReadOnly
+		ep.Enforcement = policy.EnforcementAudit
+	})), nil)
+	d := e.DecideHTTP(context.Background(), byName("api.example.com", 443, curl), req("POST", "/x", nil))
+	if d.Allow || !d.Audit || d.Reason != egress.ReasonL7NoRule {
+		t.Fatalf("got %+v, want a would-deny in audit mode", d)
+	}
+}
+
+func TestRequestBinaryAndDestination(t *testing.T) {
+	e := mustNew(t, hostPolicy([]string{curl}, restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessFull })), nil)
+	ctx := context.Background()
+	if d := e.DecideHTTP(ctx, byName("api.example.com", 443, python3), req("GET", "/", nil)); d.Allow || d.Reason != egress.ReasonBinary {
+		t.Errorf("other binary: got %+v, want binary_not_allowed", d)
+	}
+	if d := e.DecideHTTP(ctx, byName("other.example.com", 443, curl), req("GET", "/", nil)); d.Allow || d.Reason != egress.ReasonNoPolicy {
+		t.Errorf("other host: got %+v, want no_matching_policy", d)
+	}
+}
+
+func TestEndpointPathSelector(t *testing.T) {
+	p := hostPolicy(nil,
+		restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }),
+		restEndpoint(func(ep *policy.Endpoint) {
+			ep.Path = "/uploads/**"
+			ep.Access = policy.AccessReadWrite
+			ep.Enforcement = policy.EnforcementAudit
+		}),
+	)
+	e := mustNew(t, p, nil)
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	if d := e.DecideHTTP(ctx, conn, req("POST", "/uploads/a", nil)); !d.Allow || d.Rule != "access: read-write" {
+		t.Errorf("selected endpoint: got %+v, want read-write", d)
+	}
+	if d := e.DecideHTTP(ctx, conn, req("POST", "/other", nil)); d.Allow || d.Audit {
+		t.Errorf("unselected path: got %+v, want enforced read-only denial", d)
+	}
+
+	only := mustNew(t, hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) {
+		ep.Path = "/api/**"
+		ep.Access = policy.AccessFull
+	})), nil)
+	if d := only.DecideHTTP(ctx, conn, req("GET", "/elsewhere", nil)); d.Allow || d.Reason != egress.ReasonL7NoEndpoint {
+		t.Errorf("no selector matches: got %+v, want %s", d, egress.ReasonL7NoEndpoint)
+	}
+}
+
+func TestRequestFollowsReload(t *testing.T) {
+	e := mustNew(t, hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessFull })), nil)
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	if d := e.DecideHTTP(ctx, conn, req("POST", "/x", nil)); !d.Allow {
+		t.Fatalf("before reload: %+v", d)
+	}
+	if err := e.Swap(hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }))); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.DecideHTTP(ctx, conn, req("POST", "/x", nil)); d.Allow {
+		t.Fatalf("after tightening reload, an open connection's request is still allowed: %+v", d)
+	}
+}
+
+func TestL4EndpointBesideRestAllowsEverything(t *testing.T) {
+	p := hostPolicy(nil,
+		restEndpoint(func(ep *policy.Endpoint) { ep.Path = "/ro/**"; ep.Access = policy.AccessReadOnly }),
+		policy.Endpoint{Host: "api.example.com", Port: 443},
+	)
+	e := mustNew(t, p, nil)
+	conn := byName("api.example.com", 443, curl)
+	if d := e.DecideHTTP(context.Background(), conn, req("DELETE", "/rw", nil)); !d.Allow {
+		t.Errorf("L4 endpoint of the same policy: got %+v, want allowed", d)
+	}
+	if d := e.DecideHTTP(context.Background(), conn, req("DELETE", "/ro/x", nil)); d.Allow {
+		t.Errorf("selected rest endpoint: got %+v, want denied", d)
+	}
+}
+
+func TestCustomRulesNeedRequestDecision(t *testing.T) {
+	rules := []byte("package corral.egress\n\ndecision := {\"allow\": true}\n")
+	p := hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessFull }))
+	if _, err := New(p, rules); err == nil || !strings.Contains(err.Error(), "request_decision") {
+		t.Fatalf("rules without request_decision for a rest policy: err = %v", err)
+	}
+	// Without rest endpoints they still load.
+	mustNew(t, hostPolicy(nil, policy.Endpoint{Host: "a.example.com", Port: 443}), rules)
+}

@@ -1,0 +1,260 @@
+package inspect
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/sniff"
+	"github.com/corral-sandbox/corral/internal/l7/reqpath"
+)
+
+// handler decides and forwards the requests of one connection.
+type handler struct {
+	in     *Inspector
+	t      *egress.Tunnel
+	scheme string
+	up     *upstream
+	proxy  *httputil.ReverseProxy
+	// active counts requests in flight, upgraded ones included.
+	active sync.WaitGroup
+}
+
+// exchange is what one request carries from the decision to the rewrite
+// and the event.
+type exchange struct {
+	path   reqpath.Path
+	masked int
+}
+
+type exchangeKey struct{}
+
+// Decisions as events name them.
+const (
+	decisionAllow = "allow"
+	decisionDeny  = "deny"
+	decisionAudit = "audit"
+)
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	h.active.Add(1)
+	defer h.active.Done()
+	start := time.Now()
+	rw := &countingWriter{ResponseWriter: w}
+	body := &countingBody{ReadCloser: req.Body}
+	req.Body = body
+
+	hr, path, d := h.decide(req)
+	outcome := decisionAllow
+	ex := &exchange{path: path}
+	switch {
+	case !d.Allow && !d.Audit:
+		outcome = decisionDeny
+		h.deny(rw, req, hr, d)
+	default:
+		if !d.Allow {
+			outcome = decisionAudit
+		}
+		h.proxy.ServeHTTP(rw, req.WithContext(context.WithValue(req.Context(), exchangeKey{}, ex)))
+	}
+	h.report(req, hr, d, outcome, rw, body.n.Load(), ex.masked, time.Since(start))
+}
+
+// decide checks the request against the connection's host, normalises
+// its path and query, and asks the engine. A request whose path or query
+// cannot be read unambiguously is refused whatever the enforcement mode:
+// there is no path it could be forwarded with that means what was
+// decided.
+func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, egress.HTTPDecision) {
+	r := h.t.Request
+	hr := egress.HTTPRequest{Method: strings.ToUpper(req.Method), Path: req.URL.EscapedPath()}
+	if r.Host != "" {
+		if host := hostOnly(req.Host); host != "" && !sniff.SameHost(host, r.Host) {
+			return hr, reqpath.Path{}, egress.HTTPDecision{Reason: egress.ReasonHostMismatch,
+				Detail: fmt.Sprintf("the request names host %s on a connection to %s", host, r.Host)}
+		}
+	}
+	p, err := reqpath.Normalize(req.URL.EscapedPath(), h.allowEncodedSlash())
+	if err != nil {
+		return hr, p, egress.HTTPDecision{Reason: egress.ReasonL7BadPath, Detail: err.Error()}
+	}
+	hr.Path = p.Match
+	if hr.Query, err = reqpath.Query(req.URL.RawQuery); err != nil {
+		return hr, p, egress.HTTPDecision{Reason: egress.ReasonL7BadQuery, Detail: err.Error()}
+	}
+	d := h.in.Decider.DecideHTTP(req.Context(), r, hr)
+	if p.Unparameterised != p.Match && (d.Allow || d.Audit) {
+		// Servers that drop ";params" route this request as the shorter
+		// path; it must be allowed under that reading too.
+		alt := hr
+		alt.Path = p.Unparameterised
+		if ad := h.in.Decider.DecideHTTP(req.Context(), r, alt); !ad.Allow && (!ad.Audit || d.Allow) {
+			return alt, p, ad
+		}
+	}
+	return hr, p, d
+}
+
+// allowEncodedSlash is the connection decision's endpoint setting.
+func (h *handler) allowEncodedSlash() bool { return h.t.Decision.AllowEncodedSlash }
+
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return strings.Trim(h, "[]")
+	}
+	return strings.Trim(hostport, "[]")
+}
+
+// rewrite sends the request to the host the gate allowed, with the path
+// that was decided, and swaps masked secrets when it leaves over TLS.
+func (h *handler) rewrite(pr *httputil.ProxyRequest) {
+	ex := pr.In.Context().Value(exchangeKey{}).(*exchange)
+	r := h.t.Request
+	pr.Out.URL = &url.URL{Scheme: h.scheme, Host: r.Target(), Opaque: ex.path.Forward, RawQuery: pr.In.URL.RawQuery}
+	if pr.Out.Host == "" {
+		pr.Out.Host = r.Host
+	}
+	if h.scheme == "https" && r.Host != "" {
+		ex.masked = h.in.Secrets.Swap(r.Host, pr.Out.Header)
+	}
+}
+
+// denyBody is the 403 an agent reads to understand a refused request.
+// Field names are part of corral's interface.
+type denyBody struct {
+	Error     string `json:"error"`
+	Reason    string `json:"reason"`
+	Detail    string `json:"detail,omitempty"`
+	Policy    string `json:"policy"`
+	Rule      string `json:"rule"`
+	Method    string `json:"method"`
+	Host      string `json:"host"`
+	Path      string `json:"path"`
+	Binary    string `json:"binary"`
+	NextSteps string `json:"next_steps"`
+}
+
+func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision) {
+	r := h.t.Request
+	host := r.Host
+	if host == "" {
+		host = r.IP.String()
+	}
+	b := denyBody{
+		Error: "request denied by corral policy", Reason: d.Reason, Detail: h.in.Secrets.Redact(d.Detail),
+		Policy: d.Policy, Rule: d.Rule, Method: req.Method, Host: host, Path: h.in.Secrets.Redact(hr.Path),
+		Binary: r.Identity.Binary,
+	}
+	switch d.Reason {
+	case egress.ReasonHostMismatch:
+		b.NextSteps = "send each request on a connection opened to the host it names"
+	case egress.ReasonL7BadPath, egress.ReasonL7BadQuery:
+		b.NextSteps = "send the path without dot segments, encoded slashes or double encoding, and the query as name=value pairs joined by &"
+	case egress.ReasonL7DenyRule:
+		b.NextSteps = "this request matches a deny rule of the policy; it cannot be allowed by adding rules"
+	default:
+		b.NextSteps = fmt.Sprintf("ask the operator to add a rule allowing %s %s on %s to policy %q; denied requests are logged and can be approved with corral policy set",
+			hr.Method, hr.Path, r.Target(), d.Policy)
+	}
+	js, _ := json.Marshal(b)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Corral-Policy", "deny; reason="+d.Reason)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusForbidden)
+	w.Write(js)
+}
+
+// upstreamError answers a request the rules allowed but the upstream did
+// not take: 502, distinct from a policy refusal because the remedy is.
+func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the client went away
+	}
+	h.in.log().Debug("inspected request failed upstream", "target", h.t.Request.Target(), "err", err)
+	js, _ := json.Marshal(map[string]string{
+		"error":      "corral allowed the request but the upstream did not answer it",
+		"reason":     egress.ReasonUpstream,
+		"detail":     h.in.Secrets.Redact(err.Error()),
+		"next_steps": "check that " + h.t.Request.Target() + " is reachable from the host and presents a certificate the host trusts; this is not a policy refusal",
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadGateway)
+	w.Write(js)
+}
+
+// report writes the one event of a request. Paths and queries go through
+// Redact: a real secret must not reach a log even if a client echoes one.
+func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, outcome string, w *countingWriter, in int64, masked int, took time.Duration) {
+	if h.in.Audit == nil {
+		return
+	}
+	r := h.t.Request
+	host := r.Host
+	if host == "" {
+		host = r.IP.String()
+	}
+	kv := []any{
+		"via", r.Via, "host", host, "port", r.Port, "scheme", h.scheme, "proto", req.Proto,
+		"method", req.Method, "path", h.in.Secrets.Redact(hr.Path), "query", h.in.Secrets.Redact(req.URL.RawQuery),
+		"decision", outcome, "policy", d.Policy, "rule", d.Rule,
+		"status", w.status(), "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
+		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", masked,
+	}
+	if outcome != decisionAllow {
+		kv = append(kv, "reason", d.Reason, "detail", h.in.Secrets.Redact(d.Detail))
+	}
+	h.in.Audit.Emit(audit.HTTPRequest, kv...)
+	if outcome == decisionDeny {
+		h.in.log().Warn("http request denied", "target", r.Target(), "method", req.Method, "path", h.in.Secrets.Redact(hr.Path), "reason", d.Reason)
+	}
+}
+
+// countingWriter records the final status and the body bytes written. It
+// unwraps to the server's writer so flushing and hijacking still work.
+type countingWriter struct {
+	http.ResponseWriter
+	code atomic.Int32
+	n    atomic.Int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if code >= 200 {
+		w.code.CompareAndSwap(0, int32(code))
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	w.code.CompareAndSwap(0, http.StatusOK)
+	n, err := w.ResponseWriter.Write(b)
+	w.n.Add(int64(n))
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *countingWriter) status() int { return int(w.code.Load()) }
+
+// countingBody counts the request body bytes read.
+type countingBody struct {
+	io.ReadCloser
+	n atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}

@@ -1,0 +1,248 @@
+// Package inspect serves the connections whose endpoint asks for HTTP
+// inspection (protocol: rest). It terminates the client's TLS with a leaf
+// from the sandbox's CA, reads requests with net/http's server (HTTP/1.1
+// and h2, whichever the client negotiates), decides each one with the
+// same engine as connections, and forwards the allowed ones with
+// net/http's transport, speaking whatever the upstream supports. Bodies
+// stream both ways; a WebSocket upgrade the rules allow is relayed.
+//
+// Masked secrets are swapped here, and only on requests that leave over
+// TLS to one of the secret's hosts, so a real value never crosses the
+// network in clear and never reaches a host it was not meant for.
+package inspect
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/relay"
+	"github.com/corral-sandbox/corral/internal/egress/sniff"
+	"github.com/corral-sandbox/corral/internal/l7/ca"
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+const (
+	// headTimeout bounds the wait for a client's first bytes and for each
+	// request head.
+	headTimeout = 30 * time.Second
+	// handshakeTimeout bounds the client's TLS handshake.
+	handshakeTimeout = 10 * time.Second
+	// defaultIdle ends a keep-alive connection with no request in flight.
+	defaultIdle = 5 * time.Minute
+	// maxHeaderBytes bounds one request head.
+	maxHeaderBytes = 64 << 10
+	// recordTLSHandshake is the first byte of every TLS connection.
+	recordTLSHandshake = 0x16
+)
+
+// Inspector implements egress.Inspector.
+type Inspector struct {
+	Decider egress.HTTPDecider
+	CA      *ca.CA
+	// Secrets may be nil: no masked secrets.
+	Secrets *secrets.Set
+	// Dialer opens further upstream connections for a tunnel (the gate
+	// dialled the first), with the same SSRF checks.
+	Dialer egress.Dialer
+	// RootCAs verify upstream servers; nil means the system roots.
+	// Verification is never skipped.
+	RootCAs *x509.CertPool
+	Audit   *audit.Logger
+	Log     *slog.Logger
+	// IdleTimeout ends a client connection with no request in flight;
+	// defaultIdle if 0.
+	IdleTimeout time.Duration
+}
+
+var _ egress.Inspector = (*Inspector)(nil)
+
+// Inspect serves one allowed connection until it ends.
+func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) {
+	defer client.Close()
+	if t.Decision.TLS == policy.TLSSkip {
+		in.relay(client, t)
+		return
+	}
+	br := bufio.NewReader(client)
+	client.SetReadDeadline(time.Now().Add(headTimeout))
+	first, err := br.Peek(1)
+	client.SetReadDeadline(time.Time{})
+	if err != nil {
+		t.Up.Close()
+		return
+	}
+	conn := &bufferedConn{Conn: client, r: br}
+	if first[0] != recordTLSHandshake {
+		in.serve(ctx, conn, t, "http")
+		return
+	}
+	if t.Decision.TLS == policy.TLSPassthrough {
+		var c net.Conn = conn
+		if t.Request.Host != "" {
+			c = sniff.Guard(conn, nil, sniff.DefaultMax, sniff.DefaultTimeout, check)
+		}
+		in.relay(c, t)
+		return
+	}
+	tc, err := in.terminate(ctx, conn, t, check)
+	if err != nil {
+		in.log().Debug("inspected TLS handshake failed", "target", t.Request.Target(), "err", err)
+		t.Up.Close()
+		return
+	}
+	in.serve(ctx, tc, t, "https")
+}
+
+// relay carries a tunnel the endpoint exempts from inspection as bytes.
+func (in *Inspector) relay(client net.Conn, t *egress.Tunnel) {
+	if _, _, err := relay.Relay(client, t.Up, 0); err != nil {
+		in.log().Debug("uninspected tunnel ended", "target", t.Request.Target(), "err", err)
+	}
+}
+
+// terminate completes the client's TLS handshake with a leaf for the host
+// the gate allowed. A ClientHello naming another host is refused through
+// check, which records the refusal like any other.
+func (in *Inspector) terminate(ctx context.Context, c net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) (*tls.Conn, error) {
+	r := t.Request
+	name := r.Host
+	if name == "" {
+		name = r.IP.String()
+	}
+	leaf, err := in.CA.Leaf(name)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		NextProtos:   []string{"h2", "http/1.1"},
+		Certificates: []tls.Certificate{*leaf},
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			// A literal-address tunnel was decided on the address; its
+			// SNI names nothing the decision relied on.
+			if r.Host == "" || hello.ServerName == "" {
+				return nil, nil
+			}
+			return nil, check("tls_sni", hello.ServerName, nil)
+		},
+	}
+	tc := tls.Server(c, cfg)
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		return nil, err
+	}
+	return tc, nil
+}
+
+// serve runs an HTTP server on the one connection c and returns when the
+// connection and every request on it have ended.
+func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, scheme string) {
+	up := newUpstream(in, t, scheme)
+	defer up.close()
+	h := &handler{in: in, t: t, scheme: scheme, up: up}
+	h.proxy = &httputil.ReverseProxy{
+		Rewrite:       h.rewrite,
+		Transport:     up.transport,
+		FlushInterval: -1, // streamed responses (SSE, chunked) flow as they arrive
+		ErrorHandler:  h.upstreamError,
+		ErrorLog:      slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
+	}
+	ln := newConnListener(c)
+	idle := in.IdleTimeout
+	if idle == 0 {
+		idle = defaultIdle
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: headTimeout,
+		IdleTimeout:       idle,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	stop := context.AfterFunc(ctx, func() {
+		ln.Close()
+		c.Close()
+	})
+	defer stop()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		in.log().Debug("inspected connection ended", "target", t.Request.Target(), "err", err)
+	}
+	// A hijacked (upgraded) connection outlives Serve; its handler is
+	// still relaying.
+	h.active.Wait()
+}
+
+func (in *Inspector) log() *slog.Logger {
+	if in.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return in.Log
+}
+
+// bufferedConn reads through the reader that peeked at the connection.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// connListener hands out one connection, then blocks until closed, so an
+// http.Server can serve a connection someone else accepted.
+type connListener struct {
+	c    chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func newConnListener(c net.Conn) *connListener {
+	l := &connListener{c: make(chan net.Conn, 1), done: make(chan struct{}), addr: c.LocalAddr()}
+	l.c <- c
+	return l
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.c:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return l.addr }
+
+var _ io.Closer = (*connListener)(nil)

@@ -1,0 +1,61 @@
+package inspect
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/egress"
+)
+
+// upstream is a tunnel's way out: the connection the gate dialled, used
+// first, then new ones through the guarded dialer when the transport
+// needs more (an HTTP/1.1 upstream behind an h2 client, a closed
+// keep-alive). Each tunnel has its own transport, so connections are
+// never shared between sandbox processes or destinations.
+type upstream struct {
+	transport *http.Transport
+	mu        sync.Mutex
+	first     net.Conn
+}
+
+func newUpstream(in *Inspector, t *egress.Tunnel, scheme string) *upstream {
+	u := &upstream{first: t.Up}
+	u.transport = &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			u.mu.Lock()
+			c := u.first
+			u.first = nil
+			u.mu.Unlock()
+			if c != nil {
+				return c, nil
+			}
+			return in.Dialer.Dial(ctx, t.Request, t.Decision.AllowedIPs)
+		},
+		TLSClientConfig:       &tls.Config{RootCAs: in.RootCAs, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       90 * time.Second,
+		// Accept-Encoding and the body pass through as the client sent
+		// and the server answered them.
+		DisableCompression: true,
+	}
+	return u
+}
+
+// close drops idle upstream connections and the first one if it was
+// never used.
+func (u *upstream) close() {
+	u.transport.CloseIdleConnections()
+	u.mu.Lock()
+	if u.first != nil {
+		u.first.Close()
+		u.first = nil
+	}
+	u.mu.Unlock()
+}

@@ -1,0 +1,406 @@
+// Package secrets implements masked secrets: credentials a workload may use
+// but must never hold.
+//
+// corral reads each secret's real value at start (from its own environment
+// or a host file) and gives the workload a surrogate in its place: a random
+// string of the same length, keeping any well-known token prefix and the
+// per-position character class, so that client libraries which check a
+// token's shape still accept it. The real value never enters the sandbox:
+// the variable it came from is removed from the workload's environment and
+// copies of it inside other variables are replaced by the surrogate.
+//
+// The L7 proxy, which terminates TLS for the secret's hosts, swaps the
+// surrogate back for the real value, but only in the headers the policy
+// names and only in requests to hosts the secret is scoped to. A surrogate
+// sent anywhere else (another host, a body, a URL, an unnamed header) stays
+// a surrogate, so a workload that is tricked into leaking its credentials
+// leaks a string worthless outside the sandbox.
+//
+// Because the real values live in this package's memory, everything that
+// holds one refuses to print it: Set and its parts implement fmt.Stringer,
+// fmt.GoStringer and slog.LogValuer showing names only, and Redact scrubs
+// real values from any text before it reaches a log.
+package secrets
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/corral-sandbox/corral/internal/hostpattern"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+const (
+	// A secret is a token, not a document; a larger file is more likely a
+	// wrong path (a key ring, a log) than a credential.
+	maxFileSize = 64 << 10
+
+	// Anything shorter could plausibly occur in ordinary header text, and a
+	// surrogate that short would be guessable.
+	minValueLen = 8
+
+	defaultHeader = "Authorization"
+)
+
+// framingHeaders are consumed or rewritten by the proxy, so a swap there is
+// unreliable and a real value could corrupt or reroute the request. Policy
+// validation refuses them too; Load repeats the check because it is the
+// last step before values are swapped, whatever path the policy took.
+var framingHeaders = []string{
+	"Connection", "Host", "Content-Length", "Transfer-Encoding", "Upgrade",
+	"Te", "Trailer", "Keep-Alive", "Proxy-Connection",
+}
+
+// Secret names become environment variable names in the sandbox.
+var validName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Set holds the real values and their surrogates for one sandbox.
+//
+// Its fields hold only pointers so that even printing a Set value (not a
+// *Set, whose String method applies) through reflection shows addresses
+// rather than real values.
+type Set struct {
+	entries []*entry // sorted by name
+	// sources are the from_env variables, which must not reach the sandbox.
+	sources map[string]*entry
+	byName  map[string]*entry
+	redact  *replacements
+	scrub   *replacements
+}
+
+// entry is one loaded secret.
+type entry struct {
+	name      string
+	real      string
+	surrogate string
+	hosts     []hostpattern.Pattern
+	headers   []string // canonical
+}
+
+// Load reads each secret's real value (from_env via getenv — os.Getenv in
+// production — or from_file, with one trailing "\n" or "\r\n" dropped) and
+// generates its surrogate. Errors name the secret but never include a value.
+func Load(specs map[string]policy.Secret, getenv func(string) string) (*Set, error) {
+	s := &Set{
+		sources: map[string]*entry{},
+		byName:  map[string]*entry{},
+	}
+	names := make([]string, 0, len(specs))
+	for name := range specs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		e, err := loadEntry(name, specs[name], getenv)
+		if err != nil {
+			return nil, fmt.Errorf("secret %s: %w", name, err)
+		}
+		if e.surrogate, err = newSurrogate(e.real, s.entries); err != nil {
+			return nil, fmt.Errorf("secret %s: %w", name, err)
+		}
+		s.entries = append(s.entries, e)
+		s.byName[name] = e
+		if src := specs[name].FromEnv; src != "" {
+			s.sources[src] = e
+		}
+	}
+	s.redact, s.scrub = redactions(s.entries), scrubs(s.entries)
+	return s, nil
+}
+
+func loadEntry(name string, spec policy.Secret, getenv func(string) string) (*entry, error) {
+	if !validName.MatchString(name) {
+		return nil, errors.New("the name must be a valid environment variable name (letters, digits and _, not starting with a digit)")
+	}
+	e := &entry{name: name}
+	for _, h := range spec.Hosts {
+		p, err := hostpattern.Compile(h)
+		if err != nil {
+			return nil, err
+		}
+		e.hosts = append(e.hosts, p)
+	}
+	if len(e.hosts) == 0 {
+		return nil, errors.New("no hosts: the surrogate would never be replaced")
+	}
+	headers := spec.Headers
+	if len(headers) == 0 {
+		headers = []string{defaultHeader}
+	}
+	for _, h := range headers {
+		if !validHeaderName(h) {
+			return nil, fmt.Errorf("header %q is not a valid header name", h)
+		}
+		c := http.CanonicalHeaderKey(h)
+		if slices.Contains(framingHeaders, c) {
+			return nil, fmt.Errorf("header %s is a hop-by-hop or framing header, which the proxy does not pass through unchanged", c)
+		}
+		if !slices.Contains(e.headers, c) {
+			e.headers = append(e.headers, c)
+		}
+	}
+	var err error
+	switch {
+	case spec.FromEnv != "" && spec.FromFile != "":
+		return nil, errors.New("set only one of from_env and from_file")
+	case spec.FromEnv != "":
+		// getenv cannot tell unset from empty, and an empty value is
+		// unusable either way.
+		if e.real = getenv(spec.FromEnv); e.real == "" {
+			return nil, fmt.Errorf("from_env %s is not set in corral's environment", spec.FromEnv)
+		}
+	case spec.FromFile != "":
+		if e.real, err = readValueFile(spec.FromFile); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errors.New("set one of from_env and from_file")
+	}
+	if err := checkValue(e.real); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func readValueFile(path string) (string, error) {
+	// No regular-file check: a FIFO or /dev/fd path from a password
+	// manager is a legitimate source. The size limit bounds those too.
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("from_file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return "", fmt.Errorf("from_file: %w", err)
+	}
+	if len(b) > maxFileSize {
+		return "", fmt.Errorf("from_file %s is larger than %d KiB", path, maxFileSize>>10)
+	}
+	v := string(b)
+	// Editors and `echo >` add one line ending; anything beyond that is
+	// content and is left for checkValue to judge.
+	if t, ok := strings.CutSuffix(v, "\r\n"); ok {
+		v = t
+	} else {
+		v = strings.TrimSuffix(v, "\n")
+	}
+	if v == "" {
+		return "", fmt.Errorf("from_file %s is empty", path)
+	}
+	return v, nil
+}
+
+// checkValue refuses values the header swap cannot handle safely. The
+// messages give positions, never characters, so they cannot leak a value.
+func checkValue(v string) error {
+	if len(v) < minValueLen {
+		return fmt.Errorf("the value is %d bytes; at least %d are needed, since a shorter surrogate could occur in ordinary header text", len(v), minValueLen)
+	}
+	if !utf8.ValidString(v) {
+		return errors.New("the value is not valid UTF-8 and cannot be replaced safely in headers")
+	}
+	for i, r := range v {
+		if unicode.IsControl(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("the value has a control character or space at byte %d; such values cannot be replaced safely in headers, where whitespace separates fields and control characters are forbidden", i)
+		}
+	}
+	return nil
+}
+
+// validHeaderName checks for an RFC 9110 token. It is written out here
+// because x/net's httpguts would pull x/text into the module graph.
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *entry) matchesHost(host string) bool {
+	return slices.ContainsFunc(e.hosts, func(p hostpattern.Pattern) bool { return p.Match(host) })
+}
+
+// Env returns NAME=surrogate for every secret, sorted by name.
+func (s *Set) Env() []string {
+	if s == nil || len(s.entries) == 0 {
+		return nil
+	}
+	env := make([]string, len(s.entries))
+	for i, e := range s.entries {
+		env[i] = e.name + "=" + e.surrogate
+	}
+	return env
+}
+
+// ScrubEnv returns a copy of env (KEY=VALUE entries) that cannot carry a
+// real value into the sandbox: a secret's source variable is dropped, a
+// variable named like a secret gets its surrogate, and a real value (raw or
+// base64-encoded) inside any other value is replaced by its surrogate.
+func (s *Set) ScrubEnv(env []string) []string {
+	if s == nil || len(s.entries) == 0 {
+		return env
+	}
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, v, hasEq := strings.Cut(kv, "=")
+		if !hasEq {
+			// Not a variable, but still scrubbed: it may reach the
+			// workload all the same.
+			out = append(out, s.scrub.replace(kv))
+			continue
+		}
+		if e, ok := s.byName[k]; ok {
+			out = append(out, k+"="+e.surrogate)
+			continue
+		}
+		if _, ok := s.sources[k]; ok {
+			continue
+		}
+		out = append(out, k+"="+s.scrub.replace(v))
+	}
+	return out
+}
+
+// Swap replaces surrogates with real values in h, in place, for a request
+// to host (a port, if present, is ignored). Only secrets whose hosts match
+// are considered, and each only in its own headers. A "Basic" credential is
+// base64-decoded, swapped inside "user:password" and re-encoded. Swap
+// returns the number of replacements made.
+func (s *Set) Swap(host string, h http.Header) int {
+	if s == nil || len(s.entries) == 0 || len(h) == 0 {
+		return 0
+	}
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		host = hh
+	}
+	host = strings.Trim(host, "[]")
+	var scoped []*entry
+	for _, e := range s.entries {
+		if e.matchesHost(host) {
+			scoped = append(scoped, e)
+		}
+	}
+	if len(scoped) == 0 {
+		return 0
+	}
+	n := 0
+	// Keys are canonicalised here rather than looked up, because a header
+	// map built by hand may hold non-canonical keys that still go on the
+	// wire.
+	for key, vals := range h {
+		ck := http.CanonicalHeaderKey(key)
+		var r replacements
+		for _, e := range scoped {
+			if slices.Contains(e.headers, ck) {
+				r.add(e.surrogate, e.real)
+			}
+		}
+		if len(r.pairs) == 0 {
+			continue
+		}
+		for i, v := range vals {
+			if nv, k := swapValue(v, &r); k > 0 {
+				vals[i] = nv
+				n += k
+			}
+		}
+	}
+	return n
+}
+
+func swapValue(v string, r *replacements) (string, int) {
+	if prefix, cred, ok := basicCredential(v); ok {
+		if dec, err := base64.StdEncoding.DecodeString(cred); err == nil {
+			if out, k := r.replaceCount(string(dec)); k > 0 {
+				return prefix + base64.StdEncoding.EncodeToString([]byte(out)), k
+			}
+		}
+	}
+	return r.replaceCount(v)
+}
+
+// basicCredential splits "Basic <b64>" (scheme case-insensitive, RFC 7235)
+// into the part kept verbatim and the encoded credential.
+func basicCredential(v string) (prefix, cred string, ok bool) {
+	const scheme = "basic"
+	if len(v) <= len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) || v[len(scheme)] != ' ' {
+		return "", "", false
+	}
+	rest := strings.TrimLeft(v[len(scheme):], " ")
+	cred = strings.TrimRight(rest, " ")
+	if cred == "" {
+		return "", "", false
+	}
+	return v[:len(v)-len(rest)], cred, true
+}
+
+// Redact replaces every real value in text, raw or base64-encoded, with
+// "[REDACTED:<NAME>]". Everything headed for a log goes through it, since
+// after Swap a request carries real values.
+func (s *Set) Redact(text string) string {
+	if s == nil || len(s.entries) == 0 {
+		return text
+	}
+	return s.redact.replace(text)
+}
+
+// Names returns the secret names, sorted.
+func (s *Set) Names() []string {
+	if s == nil || len(s.entries) == 0 {
+		return nil
+	}
+	names := make([]string, len(s.entries))
+	for i, e := range s.entries {
+		names[i] = e.name
+	}
+	return names
+}
+
+// Len returns the number of secrets.
+func (s *Set) Len() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.entries)
+}
+
+// String lists the names only, so that %v and %+v cannot print a value.
+func (s *Set) String() string {
+	return "secrets[" + strings.Join(s.Names(), " ") + "]"
+}
+
+// GoString covers %#v, which bypasses String.
+func (s *Set) GoString() string { return s.String() }
+
+// LogValue keeps slog from reflecting into the Set.
+func (s *Set) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int("count", s.Len()),
+		slog.Any("names", s.Names()),
+	)
+}
+
+func (e *entry) String() string   { return "secret " + e.name }
+func (e *entry) GoString() string { return e.String() }
+func (e *entry) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", e.name))
+}

@@ -1,0 +1,189 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"net/textproto"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/corral-sandbox/corral/internal/hostpattern"
+)
+
+// DefaultSecretHeader is the header a secret is swapped in when it lists
+// none: where bearer tokens and basic credentials travel.
+const DefaultSecretHeader = "Authorization"
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// reservedEnv are variables corral sets in the workload itself: a secret
+// of the same name would clash with corral's value, and the proxy and CA
+// variables are what route requests through the swap in the first place.
+// Any *_PROXY is checked apart.
+var reservedEnv = []string{
+	"PATH", "HOME", "USER", "LOGNAME", "TERM", "CORRAL_SANDBOX",
+	"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
+}
+
+// forbiddenHeaders frame or route the request, or concern only one hop; the
+// proxy consumes or rewrites them itself, so a surrogate there could never
+// be swapped reliably and a real value there could corrupt the stream.
+var forbiddenHeaders = []string{
+	"Connection", "Host", "Content-Length", "Transfer-Encoding", "Upgrade",
+	"Te", "Trailer", "Keep-Alive", "Proxy-Connection",
+}
+
+func reservedEnvName(k string) bool {
+	return slices.Contains(reservedEnv, k) || strings.HasSuffix(strings.ToUpper(k), "_PROXY")
+}
+
+// secretHeaders returns the headers a secret is swapped in: the default
+// when none are listed, canonical case, first occurrence kept.
+func secretHeaders(hs []string) []string {
+	if len(hs) == 0 {
+		return []string{DefaultSecretHeader}
+	}
+	out := make([]string, 0, len(hs))
+	for _, h := range hs {
+		h = textproto.CanonicalMIMEHeaderKey(h)
+		if !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// validHeaderName reports whether h is an RFC 9110 field name (a token).
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func checkSecrets(p *Policy, r *report) {
+	if len(p.Secrets) == 0 {
+		return
+	}
+	keys := slices.Sorted(maps.Keys(p.Secrets))
+	for _, key := range keys {
+		checkSecret(r, joinPath("secrets", key), key, p.Secrets[key])
+	}
+	// The swap happens in the proxy, on requests it has decrypted; where
+	// traffic bypasses it the workload is left holding a useless surrogate.
+	switch {
+	case p.SandboxDisabled():
+		r.warnf("secrets", "enable the sandbox, or remove secrets",
+			"sandbox disabled: the workload gets surrogates that are never swapped for the real values, so requests using them will fail")
+		return
+	case p.NetworkMode() == ModeAllow:
+		r.warnf("secrets", "use network.mode: proxy with TLS-terminating endpoints for the secrets' hosts, or remove secrets",
+			"network mode allow bypasses the proxy: the workload gets surrogates that are never swapped for the real values, so requests using them will fail")
+		return
+	case p.NetworkMode() == ModeBlock:
+		r.errorf("secrets", "allow the secrets' hosts with network_policies endpoints using protocol: rest and tls: terminate, or remove secrets",
+			"network mode block leaves no network, so no secret can ever be used")
+		return
+	}
+	eps := swappingEndpoints(p)
+	for _, key := range keys {
+		for i, h := range p.Secrets[key].Hosts {
+			if msg, _ := checkHost(h); msg != "" {
+				continue // reported by checkSecret
+			}
+			// A host the matcher refuses is reported as uncovered rather
+			// than skipped, so a disagreement with checkHost fails closed.
+			pat, err := hostpattern.Compile(h)
+			if err == nil && slices.ContainsFunc(eps, func(ep hostpattern.Pattern) bool { return covers(ep, pat) }) {
+				continue
+			}
+			host := hostpattern.Normalise(h)
+			r.errorf(fmt.Sprintf("%s.hosts[%d]", joinPath("secrets", key), i),
+				fmt.Sprintf("add an endpoint for %s with protocol: rest and tls: terminate", host),
+				"secret %s could not be swapped in requests to %q: no endpoint with protocol: rest terminates TLS for it", key, host)
+		}
+	}
+}
+
+func checkSecret(r *report, at, key string, s Secret) {
+	switch {
+	case !envName.MatchString(key):
+		r.errorf(at, "use letters, digits and underscores, not starting with a digit, e.g. GITHUB_TOKEN",
+			"%q is not a valid environment variable name", key)
+	case reservedEnvName(key):
+		r.errorf(at, "choose another variable name", "%s is set by corral itself", key)
+	}
+	switch {
+	case s.FromEnv == "" && s.FromFile == "":
+		r.errorf(at, "add from_env: NAME (a variable in corral's environment) or from_file: /path/to/file", "needs from_env or from_file")
+	case s.FromEnv != "" && s.FromFile != "":
+		r.errorf(at, "keep one of them", "from_env and from_file are both set")
+	}
+	if s.FromEnv != "" && !envName.MatchString(s.FromEnv) {
+		r.errorf(at+".from_env", "write the variable name alone, without $ or =, e.g. GITHUB_TOKEN",
+			"%q is not a valid environment variable name", s.FromEnv)
+	}
+	if s.FromFile != "" {
+		if msg, fix := checkPath(s.FromFile); msg != "" {
+			r.errorf(at+".from_file", fix, "%s", msg)
+		}
+	}
+	if len(s.Hosts) == 0 {
+		r.errorf(at+".hosts", "list the hosts that should receive the real value, e.g. [api.github.com]", "no hosts, so the secret could never be used")
+	}
+	for i, h := range s.Hosts {
+		hat := fmt.Sprintf("%s.hosts[%d]", at, i)
+		if h == "" {
+			r.errorf(hat, "give a host name such as api.github.com, or remove the entry", "empty host")
+		} else if msg, fix := checkHost(h); msg != "" {
+			r.errorf(hat, fix, "%s", msg)
+		}
+	}
+	for i, h := range s.Headers {
+		hat := fmt.Sprintf("%s.headers[%d]", at, i)
+		switch {
+		case !validHeaderName(h):
+			r.errorf(hat, "write a header name such as Authorization or X-Api-Key", "%q is not a valid header name", h)
+		case slices.Contains(forbiddenHeaders, textproto.CanonicalMIMEHeaderKey(h)):
+			r.errorf(hat, "use the header the API reads the credential from, such as Authorization",
+				"%s is a hop-by-hop or framing header, which the proxy does not pass through unchanged", textproto.CanonicalMIMEHeaderKey(h))
+		}
+	}
+}
+
+// swappingEndpoints returns the host patterns of the endpoints whose
+// requests the proxy decrypts and parses: protocol rest with TLS
+// terminated, or unset (terminated when the client speaks TLS, plain HTTP
+// read as is).
+func swappingEndpoints(p *Policy) []hostpattern.Pattern {
+	var out []hostpattern.Pattern
+	for _, np := range p.EffectiveNetworkPolicies() {
+		for _, ep := range np.Endpoints {
+			if ep.Host == "" || ep.Protocol != ProtocolREST || ep.TLS == TLSPassthrough || ep.TLS == TLSSkip {
+				continue
+			}
+			if pat, err := hostpattern.Compile(ep.Host); err == nil {
+				out = append(out, pat)
+			}
+		}
+	}
+	return out
+}
+
+// covers reports whether every request to a secret host goes through the
+// endpoint. A wildcard secret host is covered only by the same pattern:
+// deciding whether one pattern contains another is not worth the risk of
+// getting it wrong in the permissive direction.
+func covers(ep, secret hostpattern.Pattern) bool {
+	return ep.Host == secret.Host || (!secret.Wildcard() && ep.Match(secret.Host))
+}
