@@ -41,7 +41,7 @@ const (
 	ReasonL7NoEndpoint = "l7_no_matching_endpoint"
 	ReasonL7BadPath    = "l7_ambiguous_path"
 	ReasonL7BadQuery   = "l7_malformed_query"
-	ReasonL7NotHTTP    = "l7_not_http"
+	ReasonL7Upgrade    = "l7_upgrade_not_allowed"
 )
 
 // Identity is the process that opened a connection inside the sandbox.

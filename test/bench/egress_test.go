@@ -72,6 +72,10 @@ type env struct {
 	workdir string
 	state   string
 	policy  string
+	// script is the client program in workdir; flags are extra corral
+	// run flags.
+	script string
+	flags  []string
 }
 
 func setup(b *testing.B) *env {
@@ -79,7 +83,7 @@ func setup(b *testing.B) *env {
 		b.Skip("needs root: the test hosts live in a network namespace")
 	}
 	dir := b.TempDir()
-	e := &env{corral: filepath.Join(dir, "corral"), workdir: filepath.Join(dir, "w"), state: filepath.Join(dir, "state")}
+	e := &env{corral: filepath.Join(dir, "corral"), workdir: filepath.Join(dir, "w"), state: filepath.Join(dir, "state"), script: "client.py"}
 	build := exec.Command("go", "build", "-o", e.corral, "github.com/corral-sandbox/corral/cmd/corral")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -111,11 +115,11 @@ network_policies:
 // directly (by address; the host's resolver does not know the test names).
 func (e *env) command(caged bool, args ...string) *exec.Cmd {
 	if !caged {
-		return exec.Command("python3", append([]string{filepath.Join(e.workdir, "client.py")}, args...)...)
+		return exec.Command("python3", append([]string{filepath.Join(e.workdir, e.script)}, args...)...)
 	}
 	argv := []string{"run", "--log-level", "error", "--state-dir", e.state, "--workdir", e.workdir,
-		"--policy", e.policy, "--upstream-dns", e.lab.DNS.String(), "--",
-		"/usr/bin/python3", "./client.py"}
+		"--policy", e.policy, "--upstream-dns", e.lab.DNS.String()}
+	argv = append(append(argv, e.flags...), "--", "/usr/bin/python3", "./"+e.script)
 	return exec.Command(e.corral, append(argv, args...)...)
 }
 

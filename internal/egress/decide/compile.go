@@ -32,6 +32,8 @@ type endpoint struct {
 	// settings.
 	key, name, protocol, tls string
 	encodedSlash             bool
+	// l7 matches requests for endpoints with a protocol.
+	l7 *l7Matcher
 }
 
 func byRank(a, b *endpoint) int { return a.rank - b.rank }
@@ -179,8 +181,13 @@ func (st *state) index(nps map[string]policy.NetworkPolicy) (*ast.Term, error) {
 }
 
 func (st *state) endpoint(key, name string, i, rank int, ep policy.Endpoint) (*ast.Term, error) {
+	var matcher *l7Matcher
 	if ep.Protocol != "" {
 		st.inspects = true
+		var err error
+		if matcher, err = compileL7(ep); err != nil {
+			return nil, err
+		}
 	}
 	e := &endpoint{
 		rank:         rank,
@@ -190,6 +197,7 @@ func (st *state) endpoint(key, name string, i, rank int, ep policy.Endpoint) (*a
 		protocol:     ep.Protocol,
 		tls:          ep.TLS,
 		encodedSlash: ep.AllowEncodedSlash,
+		l7:           matcher,
 		term: ast.ObjectTerm(
 			[2]*ast.Term{keyPolicy, ast.StringTerm(key)},
 			[2]*ast.Term{keyEndpoint, ast.IntNumberTerm(i)},
@@ -317,28 +325,35 @@ func matchTerm(id, method, path string, query *ast.Term) *ast.Term {
 func queryGlobs(q map[string]any) (*ast.Term, error) {
 	obj := ast.NewObject()
 	for name, v := range q {
-		var globs []*ast.Term
-		switch x := v.(type) {
-		case string:
-			globs = append(globs, ast.StringTerm(x))
-		case map[string]any:
-			list, ok := x["any"].([]any)
-			if !ok || len(x) != 1 || len(list) == 0 {
-				return nil, fmt.Errorf("%s: want a glob or {any: [globs]}", name)
-			}
-			for _, g := range list {
-				s, ok := g.(string)
-				if !ok {
-					return nil, fmt.Errorf("%s: any holds %T, not a string", name, g)
-				}
-				globs = append(globs, ast.StringTerm(s))
-			}
-		default:
-			return nil, fmt.Errorf("%s: want a glob or {any: [globs]}, not %T", name, v)
+		globs, err := queryGlobList(name, v)
+		if err != nil {
+			return nil, err
 		}
-		obj.Insert(ast.StringTerm(name), ast.ArrayTerm(globs...))
+		obj.Insert(ast.StringTerm(name), ast.ArrayTerm(stringTerms(globs)...))
 	}
 	return ast.NewTerm(obj), nil
+}
+
+func queryGlobList(name string, v any) ([]string, error) {
+	switch x := v.(type) {
+	case string:
+		return []string{x}, nil
+	case map[string]any:
+		list, ok := x["any"].([]any)
+		if !ok || len(x) != 1 || len(list) == 0 {
+			return nil, fmt.Errorf("%s: want a glob or {any: [globs]}", name)
+		}
+		out := make([]string, 0, len(list))
+		for _, g := range list {
+			s, ok := g.(string)
+			if !ok {
+				return nil, fmt.Errorf("%s: any holds %T, not a string", name, g)
+			}
+			out = append(out, s)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%s: want a glob or {any: [globs]}, not %T", name, v)
 }
 
 func parsePrefix(s string) (netip.Prefix, error) {

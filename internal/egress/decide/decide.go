@@ -184,8 +184,13 @@ func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTP
 		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the policy rules define no request_decision"}
 	}
 	host, ip := normaliseTarget(r)
-	in := input(host, ip, int(r.Port), r.Identity, st.candidates(host, ip, r.Port))
-	in.(ast.Object).Insert(keyHTTP, httpTerm(h))
+	cands := st.candidates(host, ip, r.Port)
+	terms := make([]*ast.Term, len(cands))
+	for i, c := range cands {
+		terms[i] = c.requestCandidate(h)
+	}
+	in := inputTerms(host, ip, int(r.Port), r.Identity, terms)
+	in.Insert(keyHTTP, httpTerm(h))
 	v, err := eval(ctx, *st.request, in)
 	if err != nil {
 		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
@@ -372,6 +377,10 @@ func input(host, ip string, port int, id egress.Identity, cands []*endpoint) ast
 	for i, x := range cands {
 		c[i] = x.term
 	}
+	return inputTerms(host, ip, port, id, c)
+}
+
+func inputTerms(host, ip string, port int, id egress.Identity, c []*ast.Term) ast.Object {
 	bin := ast.StringTerm(id.Binary)
 	anc, cmd := stringTerms(id.Ancestors), stringTerms(id.CmdlinePaths)
 	// paths shares its terms with the fields it is made of.

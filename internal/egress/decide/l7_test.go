@@ -191,3 +191,28 @@ func TestCustomRulesNeedRequestDecision(t *testing.T) {
 	// Without rest endpoints they still load.
 	mustNew(t, hostPolicy(nil, policy.Endpoint{Host: "a.example.com", Port: 443}), rules)
 }
+
+// BenchmarkDecideHTTP is the engine's share of an inspected request.
+func BenchmarkDecideHTTP(b *testing.B) {
+	e := mustNew(b, hostPolicy([]string{curl}, restEndpoint(ghRules)), nil)
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	r := req("GET", "/repos/corral/corral/pulls", map[string][]string{"page": {"2"}})
+	b.ReportAllocs()
+	for b.Loop() {
+		if d := e.DecideHTTP(ctx, conn, r); !d.Allow {
+			b.Fatal(d)
+		}
+	}
+}
+
+func BenchmarkDecideRestConnection(b *testing.B) {
+	e := mustNew(b, hostPolicy([]string{curl}, restEndpoint(ghRules)), nil)
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	for b.Loop() {
+		if d := e.Decide(ctx, conn); !d.Allow {
+			b.Fatal(d)
+		}
+	}
+}

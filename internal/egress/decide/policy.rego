@@ -44,69 +44,45 @@ decision := {"allow": true, "policy": p.name, "key": c.policy, "reason": "", "al
 # The connection's policy (the first allowing one, as above) speaks for its
 # requests too. Among its endpoints for this destination, one whose path
 # selector matches the request is more specific than one without; an
-# endpoint without protocol (plain L4) allows every request.
+# endpoint without protocol (plain L4) allows every request. Go has matched
+# each candidate's path selector and rules against the request (see the
+# package documentation); what is left here is which endpoint and which
+# rule decide, and that deny rules win.
 
 l7_key := allowing[0].policy
 
-l7_endpoints := [e |
+l7_candidates := [c |
 	some c in allowing
 	c.policy == l7_key
-	e := data.network_policies[c.policy].endpoints[c.endpoint]
 ]
 
-l7_selected := [e |
-	some e in l7_endpoints
-	e.path != ""
-	glob.match(e.path, ["/"], input.http.path)
+l7_selected := [c |
+	some c in l7_candidates
+	c.selected
 ]
 
-l7_unselected := [e |
-	some e in l7_endpoints
-	e.path == ""
+l7_unselected := [c |
+	some c in l7_candidates
+	data.network_policies[c.policy].endpoints[c.endpoint].path == ""
 ]
 
-l7_endpoint := l7_selected[0] if count(l7_selected) > 0
+l7_candidate := l7_selected[0] if count(l7_selected) > 0
 else := l7_unselected[0] if count(l7_unselected) > 0
 
-method_matches(m) if m == "*"
-
-method_matches(m) if m == input.http.method
-
-path_matches(p) if p == "**"
-
-path_matches(p) if glob.match(p, ["/"], input.http.path)
-
-# Every value of a named parameter must match one of its globs, so that a
-# repeated parameter cannot smuggle a second, unchecked value.
-query_matches(q) if {
-	every name, globs in q {
-		values := object.get(input.http.query, name, [])
-		count(values) > 0
-		every v in values {
-			some g in globs
-			glob.match(g, null, v)
-		}
-	}
-}
-
-request_matches(m) if {
-	method_matches(m.method)
-	path_matches(m.path)
-	query_matches(m.query)
-}
-
-l7_verdict(name, e) := {"allow": true, "policy": name, "rule": "", "reason": "", "enforcement": "enforce"} if {
-	e.protocol == ""
-} else := {"allow": false, "policy": name, "rule": e.deny_rules[i].id, "reason": "l7_deny_rule", "enforcement": e.enforcement} if {
-	i := min({j | some j, m in e.deny_rules; request_matches(m)})
-} else := {"allow": true, "policy": name, "rule": e.rules[i].id, "reason": "", "enforcement": e.enforcement} if {
-	i := min({j | some j, r in e.rules; request_matches(r)})
-} else := {"allow": false, "policy": name, "rule": "", "reason": "l7_no_matching_rule", "enforcement": e.enforcement}
+l7_verdict(name, c) := {"allow": true, "policy": name, "rule": "", "reason": "", "enforcement": "enforce"} if {
+	data.network_policies[c.policy].endpoints[c.endpoint].protocol == ""
+} else := {"allow": false, "policy": name, "rule": e.deny_rules[c.matching_deny_rules[0]].id, "reason": "l7_deny_rule", "enforcement": e.enforcement} if {
+	e := data.network_policies[c.policy].endpoints[c.endpoint]
+	count(c.matching_deny_rules) > 0
+} else := {"allow": true, "policy": name, "rule": e.rules[c.matching_rules[0]].id, "reason": "", "enforcement": e.enforcement} if {
+	e := data.network_policies[c.policy].endpoints[c.endpoint]
+	count(c.matching_rules) > 0
+} else := {"allow": false, "policy": name, "rule": "", "reason": "l7_no_matching_rule", "enforcement": data.network_policies[c.policy].endpoints[c.endpoint].enforcement}
 
 default request_decision := {"allow": false, "policy": "", "rule": "", "reason": "no_matching_policy", "enforcement": "enforce"}
 
-request_decision := l7_verdict(data.network_policies[l7_key].name, l7_endpoint) if {
-	l7_endpoint
+request_decision := l7_verdict(data.network_policies[l7_key].name, l7_candidate) if {
+	l7_candidate
 } else := {"allow": false, "policy": data.network_policies[l7_key].name, "rule": "", "reason": "l7_no_matching_endpoint", "enforcement": "enforce"} if {
 	l7_key
 } else := {"allow": false, "policy": decision.policy, "rule": "", "reason": decision.reason, "enforcement": "enforce"}

@@ -29,7 +29,7 @@ type handler struct {
 	up     *upstream
 	proxy  *httputil.ReverseProxy
 	// active counts requests in flight, upgraded ones included.
-	active sync.WaitGroup
+	active tracker
 }
 
 // exchange is what one request carries from the decision to the rewrite
@@ -37,6 +37,8 @@ type handler struct {
 type exchange struct {
 	path   reqpath.Path
 	masked int
+	// status is the upstream's final status (101 for an upgrade).
+	status int
 }
 
 type exchangeKey struct{}
@@ -49,8 +51,13 @@ const (
 )
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	h.active.Add(1)
-	defer h.active.Done()
+	if !h.active.enter() {
+		// The connection is being torn down; never let silence read as
+		// an empty 200.
+		http.Error(w, "connection closing", http.StatusServiceUnavailable)
+		return
+	}
+	defer h.active.leave()
 	start := time.Now()
 	rw := &countingWriter{ResponseWriter: w}
 	body := &countingBody{ReadCloser: req.Body}
@@ -69,7 +76,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		h.proxy.ServeHTTP(rw, req.WithContext(context.WithValue(req.Context(), exchangeKey{}, ex)))
 	}
-	h.report(req, hr, d, outcome, rw, body.n.Load(), ex.masked, time.Since(start))
+	if ex.status == 0 {
+		ex.status = rw.status()
+	}
+	h.report(req, hr, d, outcome, ex.status, rw, body.n.Load(), ex.masked, time.Since(start))
 }
 
 // decide checks the request against the connection's host, normalises
@@ -80,6 +90,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, egress.HTTPDecision) {
 	r := h.t.Request
 	hr := egress.HTTPRequest{Method: strings.ToUpper(req.Method), Path: req.URL.EscapedPath()}
+	// After a 101 the connection is relayed as bytes; only WebSocket is a
+	// protocol whose use the rule on the upgrade request stands for (an
+	// h2c or custom upgrade would carry requests no rule ever sees).
+	if up := req.Header.Get("Upgrade"); up != "" && !strings.EqualFold(up, "websocket") {
+		return hr, reqpath.Path{}, egress.HTTPDecision{Reason: egress.ReasonL7Upgrade,
+			Detail: fmt.Sprintf("upgrade to %q is not relayed; only WebSocket upgrades are", up)}
+	}
 	if r.Host != "" {
 		if host := hostOnly(req.Host); host != "" && !sniff.SameHost(host, r.Host) {
 			return hr, reqpath.Path{}, egress.HTTPDecision{Reason: egress.ReasonHostMismatch,
@@ -131,6 +148,22 @@ func (h *handler) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
+// response scrubs real secret values from what a scoped host sends back,
+// and records the upstream's status.
+func (h *handler) response(resp *http.Response) error {
+	if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*exchange); ok {
+		ex.status = resp.StatusCode
+	}
+	if h.in.Secrets.Scoped(h.t.Request.Host) {
+		h.in.Secrets.ScrubHeader(resp.Header)
+		h.in.Secrets.ScrubHeader(resp.Trailer)
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			resp.Body = h.in.Secrets.ScrubBody(resp.Body)
+		}
+	}
+	return nil
+}
+
 // denyBody is the 403 an agent reads to understand a refused request.
 // Field names are part of corral's interface.
 type denyBody struct {
@@ -160,6 +193,8 @@ func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPR
 	switch d.Reason {
 	case egress.ReasonHostMismatch:
 		b.NextSteps = "send each request on a connection opened to the host it names"
+	case egress.ReasonL7Upgrade:
+		b.NextSteps = "only WebSocket upgrades are relayed; send the requests without Upgrade"
 	case egress.ReasonL7BadPath, egress.ReasonL7BadQuery:
 		b.NextSteps = "send the path without dot segments, encoded slashes or double encoding, and the query as name=value pairs joined by &"
 	case egress.ReasonL7DenyRule:
@@ -196,7 +231,7 @@ func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err er
 
 // report writes the one event of a request. Paths and queries go through
 // Redact: a real secret must not reach a log even if a client echoes one.
-func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, outcome string, w *countingWriter, in int64, masked int, took time.Duration) {
+func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, outcome string, status int, w *countingWriter, in int64, masked int, took time.Duration) {
 	if h.in.Audit == nil {
 		return
 	}
@@ -209,7 +244,7 @@ func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTP
 		"via", r.Via, "host", host, "port", r.Port, "scheme", h.scheme, "proto", req.Proto,
 		"method", req.Method, "path", h.in.Secrets.Redact(hr.Path), "query", h.in.Secrets.Redact(req.URL.RawQuery),
 		"decision", outcome, "policy", d.Policy, "rule", d.Rule,
-		"status", w.status(), "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
+		"status", status, "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
 		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", masked,
 	}
 	if outcome != decisionAllow {
@@ -257,4 +292,49 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
 	return n, err
+}
+
+// tracker counts a connection's requests in flight and, once closed,
+// refuses new ones, so that Inspect can wait for the last handler
+// (an upgraded connection outlives the server) without racing a request
+// that starts as the connection goes away.
+type tracker struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   chan struct{}
+}
+
+func (t *tracker) enter() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tracker) leave() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// close refuses new requests and waits for those in flight.
+func (t *tracker) close() {
+	t.mu.Lock()
+	t.closed = true
+	if t.n == 0 {
+		t.mu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	t.idle = idle
+	t.mu.Unlock()
+	<-idle
 }

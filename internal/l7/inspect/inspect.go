@@ -73,7 +73,9 @@ var _ egress.Inspector = (*Inspector)(nil)
 func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) {
 	defer client.Close()
 	if t.Decision.TLS == policy.TLSSkip {
-		in.relay(client, t)
+		// Exempt from inspection, not from the connection's own checks:
+		// the listener left the opening to be checked here.
+		in.relay(guard(client, t, check), t)
 		return
 	}
 	br := bufio.NewReader(client)
@@ -90,11 +92,7 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 		return
 	}
 	if t.Decision.TLS == policy.TLSPassthrough {
-		var c net.Conn = conn
-		if t.Request.Host != "" {
-			c = sniff.Guard(conn, nil, sniff.DefaultMax, sniff.DefaultTimeout, check)
-		}
-		in.relay(c, t)
+		in.relay(guard(conn, t, check), t)
 		return
 	}
 	tc, err := in.terminate(ctx, conn, t, check)
@@ -104,6 +102,15 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 		return
 	}
 	in.serve(ctx, tc, t, "https")
+}
+
+// guard checks that the opening of a relayed tunnel (SNI, Host) names the
+// host the connection was allowed for.
+func guard(c net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) net.Conn {
+	if t.Request.Host == "" {
+		return c
+	}
+	return sniff.Guard(c, nil, sniff.DefaultMax, sniff.DefaultTimeout, check)
 }
 
 // relay carries a tunnel the endpoint exempts from inspection as bytes.
@@ -155,11 +162,12 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 	defer up.close()
 	h := &handler{in: in, t: t, scheme: scheme, up: up}
 	h.proxy = &httputil.ReverseProxy{
-		Rewrite:       h.rewrite,
-		Transport:     up.transport,
-		FlushInterval: -1, // streamed responses (SSE, chunked) flow as they arrive
-		ErrorHandler:  h.upstreamError,
-		ErrorLog:      slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
+		Rewrite:        h.rewrite,
+		ModifyResponse: h.response,
+		Transport:      up.transport,
+		FlushInterval:  -1, // streamed responses (SSE, chunked) flow as they arrive
+		ErrorHandler:   h.upstreamError,
+		ErrorLog:       slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
 	}
 	ln := newConnListener(c)
 	idle := in.IdleTimeout
@@ -189,7 +197,7 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 	}
 	// A hijacked (upgraded) connection outlives Serve; its handler is
 	// still relaying.
-	h.active.Wait()
+	h.active.close()
 }
 
 func (in *Inspector) log() *slog.Logger {

@@ -239,6 +239,15 @@ func (e *entry) matchesHost(host string) bool {
 	return slices.ContainsFunc(e.hosts, func(p hostpattern.Pattern) bool { return p.Match(host) })
 }
 
+// Scoped reports whether some secret's real value may be sent to host:
+// the responses of such requests are scrubbed.
+func (s *Set) Scoped(host string) bool {
+	if s == nil {
+		return false
+	}
+	return slices.ContainsFunc(s.entries, func(e *entry) bool { return e.matchesHost(host) })
+}
+
 // Env returns NAME=surrogate for every secret, sorted by name.
 func (s *Set) Env() []string {
 	if s == nil || len(s.entries) == 0 {

@@ -1,0 +1,58 @@
+package inspect_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+// A scoped upstream that echoes the credential must not hand the real
+// value back into the sandbox, in headers or body.
+func TestEchoedSecretScrubbedFromResponse(t *testing.T) {
+	const real = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+	set, err := secrets.Load(map[string]policy.Secret{
+		"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{apiHost}},
+	}, func(string) string { return real })
+	if err != nil {
+		t.Fatal(err)
+	}
+	surrogate := strings.TrimPrefix(set.Env()[0], "GH_TOKEN=")
+	up := newUpstream(t)
+	h := newHarness(t, up, config{policy: restPolicy(rest(apiHost, 443, func(ep *policy.Endpoint) { ep.Access = policy.AccessFull })), secrets: set})
+	for _, h2 := range []bool{true, false} {
+		r := do(t, h.client(h2), "GET", h.url("/echo-auth"), http.Header{"Authorization": {"Bearer " + surrogate}}, "")
+		if got := up.seen()[len(up.seen())-1].Header.Get("Authorization"); got != "Bearer "+real {
+			t.Fatalf("upstream got %q, want the real token", got)
+		}
+		if strings.Contains(r.body, real) || strings.Contains(r.Header.Get("X-Echo"), real) {
+			t.Errorf("h2=%v: the response carried the real token back: %q %q", h2, r.Header.Get("X-Echo"), r.body)
+		}
+		if r.body != "you sent Bearer "+surrogate {
+			t.Errorf("h2=%v: body %q, want the echo with the surrogate", h2, r.body)
+		}
+	}
+}
+
+// An upgrade to anything but WebSocket would turn the connection into an
+// uninspected relay (h2c smuggling); it is refused.
+func TestNonWebSocketUpgradeRefused(t *testing.T) {
+	up := newUpstream(t)
+	h := newHarness(t, up, config{policy: restPolicy(rest(apiHost, 443, func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }))})
+	for _, proto := range []string{"h2c", "tunnel"} {
+		r := h.raw(t, "GET", "/", apiHost, "Connection: Upgrade", "Upgrade: "+proto)
+		if r.StatusCode != http.StatusForbidden {
+			t.Errorf("Upgrade: %s got %d, want 403", proto, r.StatusCode)
+		}
+		if d := denial(t, r); d != nil && d["reason"] != "l7_upgrade_not_allowed" {
+			t.Errorf("Upgrade: %s: reason %v", proto, d["reason"])
+		}
+	}
+	for _, s := range up.seen() {
+		if s.Header.Get("Upgrade") != "" {
+			t.Errorf("the upstream saw an upgrade request: %+v", s)
+		}
+	}
+}

@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// requestClient sends n small GETs on one keep-alive HTTPS connection and
+// prints requests per second and per-request latency. Modes: "direct"
+// connects to ADDR with SNI NAME; "proxy" tunnels through an explicit
+// proxy with CONNECT (mitmproxy); inside corral it connects to NAME and is
+// captured and inspected.
+const requestClient = `import http.client, socket, ssl, sys, time
+mode, name, addr, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cafile = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
+ctx = ssl.create_default_context(cafile=cafile)
+
+class Direct(http.client.HTTPSConnection):
+    def connect(self):
+        s = socket.create_connection((addr, 443))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = ctx.wrap_socket(s, server_hostname=name)
+
+if mode == "proxy":
+    c = http.client.HTTPSConnection(sys.argv[6], int(sys.argv[7]), context=ctx)
+    c.set_tunnel(addr, 443)
+else:
+    c = Direct(addr, 443, context=ctx)
+warm = 20
+lat = []
+for i in range(n + warm):
+    t0 = time.perf_counter()
+    c.request("GET", "/bench", headers={"Host": name})
+    r = c.getresponse()
+    r.read()
+    if r.status != 200:
+        sys.exit("status %d" % r.status)
+    if i >= warm:
+        lat.append(time.perf_counter() - t0)
+total = sum(lat)
+lat.sort()
+print("rps %.0f p50_us %.0f p99_us %.0f" % (len(lat) / total, lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6))
+`
+
+const requests = 2000
+
+func setupL7(b *testing.B) *env {
+	e := setup(b)
+	e.script = "requests.py"
+	if err := os.WriteFile(filepath.Join(e.workdir, e.script), []byte(requestClient), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	e.policy = filepath.Join(filepath.Dir(e.policy), "l7.yaml")
+	pol := fmt.Sprintf(`version: 1
+filesystem_policy:
+  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc]
+network_policies:
+  bench:
+    endpoints:
+      - host: %s
+        port: 443
+        protocol: rest
+        rules: [{allow: {method: GET, path: /bench}}]
+`, host)
+	if err := os.WriteFile(e.policy, []byte(pol), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	e.flags = []string{"--upstream-ca", e.lab.CAFile}
+	return e
+}
+
+// BenchmarkInspectedRequests: small requests on one keep-alive connection,
+// each decided by corral's HTTP inspection (TLS terminated, rules
+// evaluated, TLS to the upstream), against the same client talking to the
+// upstream directly (target: ≥ 0.5× the direct rate).
+func BenchmarkInspectedRequests(b *testing.B) {
+	e := setupL7(b)
+	var d, c map[string]float64
+	for range b.N {
+		d = e.output(b, false, "direct", host, hostAddr.String(), strconv.Itoa(requests), e.lab.CAFile)
+		c = e.output(b, true, "direct", host, host, strconv.Itoa(requests), "-")
+	}
+	b.ReportMetric(d["rps"], "direct_req/s")
+	b.ReportMetric(c["rps"], "corral_req/s")
+	b.ReportMetric(c["rps"]/d["rps"], "ratio")
+	b.ReportMetric(c["p50_us"]-d["p50_us"], "added_p50_µs")
+	b.ReportMetric(c["p99_us"]-d["p99_us"], "added_p99_µs")
+}
+
+// BenchmarkInspectedVsMitmproxy runs the same requests through mitmproxy
+// (Debian's mitmproxy package, the engine the Airut sandbox uses),
+// verifying the same upstream CA, and through corral (target: ≥ 10× its
+// rate).
+func BenchmarkInspectedVsMitmproxy(b *testing.B) {
+	mitm, err := exec.LookPath("mitmdump")
+	if err != nil {
+		b.Skip("mitmdump not installed (apt-get install mitmproxy)")
+	}
+	e := setupL7(b)
+	conf := b.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	cmd := exec.Command(mitm, "-q", "--listen-host", "127.0.0.1", "--listen-port", port,
+		"--set", "confdir="+conf, "--set", "ssl_verify_upstream_trusted_ca="+e.lab.CAFile)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	mitmCA := filepath.Join(conf, "mitmproxy-ca-cert.pem")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("tcp", "127.0.0.1:"+port)
+		if _, serr := os.Stat(mitmCA); err == nil && serr == nil {
+			c.Close()
+			break
+		}
+		if c != nil {
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("mitmdump did not start listening")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var m, c map[string]float64
+	for range b.N {
+		m = e.output(b, false, "proxy", host, hostAddr.String(), strconv.Itoa(requests), mitmCA, "127.0.0.1", port)
+		c = e.output(b, true, "direct", host, host, strconv.Itoa(requests), "-")
+	}
+	b.ReportMetric(m["rps"], "mitmproxy_req/s")
+	b.ReportMetric(c["rps"], "corral_req/s")
+	b.ReportMetric(c["rps"]/m["rps"], "ratio")
+}
