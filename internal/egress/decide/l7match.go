@@ -22,7 +22,7 @@ type l7Matcher struct {
 }
 
 type ruleMatcher struct {
-	method string    // upper case; "*" for any
+	method string        // upper case; "*" for any
 	path   *glob.Pattern // nil: any path
 	query  map[string][]*glob.Pattern
 }
