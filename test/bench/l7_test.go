@@ -15,10 +15,12 @@ import (
 // prints requests per second and per-request latency. Modes: "direct"
 // connects to ADDR with SNI NAME; "proxy" tunnels through an explicit
 // proxy with CONNECT (mitmproxy); inside corral it connects to NAME and is
-// captured and inspected.
-const requestClient = `import http.client, socket, ssl, sys, time
+// captured and inspected. With UNIQUE=1 in the environment every request
+// has its own query string, so no decision can be remembered.
+const requestClient = `import http.client, os, socket, ssl, sys, time
 mode, name, addr, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 cafile = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "-" else None
+unique = os.environ.get("UNIQUE") == "1"
 ctx = ssl.create_default_context(cafile=cafile)
 
 class Direct(http.client.HTTPSConnection):
@@ -36,7 +38,7 @@ warm = 20
 lat = []
 for i in range(n + warm):
     t0 = time.perf_counter()
-    c.request("GET", "/bench", headers={"Host": name})
+    c.request("GET", "/bench?i=%d" % i if unique else "/bench", headers={"Host": name})
     r = c.getresponse()
     r.read()
     if r.status != 200:
@@ -78,19 +80,32 @@ network_policies:
 // BenchmarkInspectedRequests: small requests on one keep-alive connection,
 // each decided by corral's HTTP inspection (TLS terminated, rules
 // evaluated, TLS to the upstream), against the same client talking to the
-// upstream directly (target: ≥ 0.5× the direct rate).
+// upstream directly (target: ≥ 0.5× the direct rate). "repeated" sends one
+// request over and over (its decision is remembered after the first);
+// "unique" gives each request its own query, so each is evaluated.
 func BenchmarkInspectedRequests(b *testing.B) {
 	e := setupL7(b)
-	var d, c map[string]float64
-	for range b.N {
-		d = e.output(b, false, "direct", host, hostAddr.String(), strconv.Itoa(requests), e.lab.CAFile)
-		c = e.output(b, true, "direct", host, host, strconv.Itoa(requests), "-")
+	for _, unique := range []bool{false, true} {
+		name := "repeated"
+		if unique {
+			name = "unique"
+			e.flags = append(e.flags, "--env", "UNIQUE=1")
+			os.Setenv("UNIQUE", "1")
+			defer os.Unsetenv("UNIQUE")
+		}
+		b.Run(name, func(b *testing.B) {
+			var d, c map[string]float64
+			for range b.N {
+				d = e.output(b, false, "direct", host, hostAddr.String(), strconv.Itoa(requests), e.lab.CAFile)
+				c = e.output(b, true, "direct", host, host, strconv.Itoa(requests), "-")
+			}
+			b.ReportMetric(d["rps"], "direct_req/s")
+			b.ReportMetric(c["rps"], "corral_req/s")
+			b.ReportMetric(c["rps"]/d["rps"], "ratio")
+			b.ReportMetric(c["p50_us"]-d["p50_us"], "added_p50_µs")
+			b.ReportMetric(c["p99_us"]-d["p99_us"], "added_p99_µs")
+		})
 	}
-	b.ReportMetric(d["rps"], "direct_req/s")
-	b.ReportMetric(c["rps"], "corral_req/s")
-	b.ReportMetric(c["rps"]/d["rps"], "ratio")
-	b.ReportMetric(c["p50_us"]-d["p50_us"], "added_p50_µs")
-	b.ReportMetric(c["p99_us"]-d["p99_us"], "added_p99_µs")
 }
 
 // BenchmarkInspectedVsMitmproxy runs the same requests through mitmproxy

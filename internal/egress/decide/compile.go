@@ -45,6 +45,8 @@ type state struct {
 	decision    rego.PreparedEvalQuery
 	nameAllowed *rego.PreparedEvalQuery // nil: the rules do not define it
 	request     *rego.PreparedEvalQuery // nil: the rules do not define it
+	// memo remembers request decisions; nil for user rules.
+	memo *requestMemo
 	// inspects is set when some endpoint has a protocol.
 	inspects bool
 
@@ -104,6 +106,9 @@ func build(p *policy.Policy, rules []byte) (*state, error) {
 			return nil, err
 		}
 		st.request = &q
+		if slices.Equal(rules, bakedRules) {
+			st.memo = newRequestMemo()
+		}
 	} else if st.inspects {
 		return nil, errors.New("policy rules: the policy has protocol: rest endpoints but the rules define no request_decision; copy it from the baked-in rules (corral policy rules shows them)")
 	}

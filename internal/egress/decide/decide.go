@@ -67,14 +67,48 @@
 // (for a glob, its literal directory); "*" in a binary matches within one
 // path segment and "**" across segments.
 //
+// Endpoints also carry their L7 settings, with access presets expanded
+// into rules and query matchers as lists of globs:
+//
+//	"protocol": "rest", "tls": "", "enforcement": "enforce", "path": "/api/**",
+//	"rules":      [{"id": "rules[0]", "method": "GET", "path": "/repos/**", "query": {"q": ["repo:*"]}}],
+//	"deny_rules": [{"id": "deny_rules[0]", "method": "*", "path": "**", "query": {}}]
+//
 // # Result
 //
-//	decision = {"allow": bool, "policy": string, "reason": string, "allowed_ips": [string]}
+//	decision = {"allow": bool, "policy": string, "key": string, "reason": string, "allowed_ips": [string]}
 //
 // allow is required; reason should be one of the egress.Reason constants
 // when allow is false (no_matching_policy if empty); allowed_ips become
-// Decision.AllowedIPs. Any evaluation error, an undefined decision or a
-// value of another shape denies with egress.ReasonEngine.
+// Decision.AllowedIPs; key, the deciding policy's key, says which policy's
+// protocol: rest endpoints make the connection inspected (matched by name
+// when absent). Any evaluation error, an undefined decision or a value of
+// another shape denies with egress.ReasonEngine.
+//
+// # Requests on inspected connections
+//
+// Each request is decided by data.corral.egress.request_decision, which a
+// user's rules must define when the policy has protocol: rest endpoints.
+// The input is the connection's, with the request added and each
+// candidate extended by what Go matched (with gobwas/glob, the library
+// behind glob.match, and the same separators):
+//
+//	"http": {"method": "GET", "path": "/repos/a/b", "query": {"page": ["2"]}},
+//	"candidates": [{"policy": "gh", "endpoint": 0,
+//	  "applies": true,             // its path selector matches, or it has none
+//	  "matching_rules": [0, 3],    // indexes into its rules, in order
+//	  "matching_deny_rules": []}]
+//
+// The path is decoded and normalised (l7/reqpath) and the method upper
+// case. Within each policy, candidates whose selector matches come first,
+// then those without one, then those whose selector does not match. The
+// result is
+//
+//	request_decision = {"allow": bool, "policy": string, "rule": string, "reason": string, "enforcement": "enforce"|"audit"}
+//
+// With the baked-in rules, request decisions are remembered per compiled
+// policy (they are a pure function of it and the input); user rules are
+// evaluated every time.
 package decide
 
 import (
@@ -184,11 +218,22 @@ func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTP
 		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the policy rules define no request_decision"}
 	}
 	host, ip := normaliseTarget(r)
-	cands := st.candidates(host, ip, r.Port)
-	terms := make([]*ast.Term, len(cands))
-	for i, c := range cands {
-		terms[i] = c.requestCandidate(h)
+	var key string
+	if st.memo != nil {
+		key = memoKey(host, ip, r.Port, r.Identity, h)
+		if d, ok := st.memo.get(key); ok {
+			return d
+		}
 	}
+	d := st.decideHTTP(ctx, host, ip, r, h)
+	if d.Reason != egress.ReasonEngine {
+		st.memo.put(key, d)
+	}
+	return d
+}
+
+func (st *state) decideHTTP(ctx context.Context, host, ip string, r egress.Request, h egress.HTTPRequest) egress.HTTPDecision {
+	terms := requestCandidates(st.candidates(host, ip, r.Port), h)
 	in := inputTerms(host, ip, int(r.Port), r.Identity, terms)
 	in.Insert(keyHTTP, httpTerm(h))
 	v, err := eval(ctx, *st.request, in)

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -192,18 +193,33 @@ func TestCustomRulesNeedRequestDecision(t *testing.T) {
 	mustNew(t, hostPolicy(nil, policy.Endpoint{Host: "a.example.com", Port: 443}), rules)
 }
 
-// BenchmarkDecideHTTP is the engine's share of an inspected request.
+// BenchmarkDecideHTTP is the engine's share of an inspected request: a
+// request seen before (remembered) and one never seen (a Rego
+// evaluation).
 func BenchmarkDecideHTTP(b *testing.B) {
 	e := mustNew(b, hostPolicy([]string{curl}, restEndpoint(ghRules)), nil)
 	ctx := context.Background()
 	conn := byName("api.example.com", 443, curl)
-	r := req("GET", "/repos/corral/corral/pulls", map[string][]string{"page": {"2"}})
-	b.ReportAllocs()
-	for b.Loop() {
-		if d := e.DecideHTTP(ctx, conn, r); !d.Allow {
-			b.Fatal(d)
+	b.Run("remembered", func(b *testing.B) {
+		r := req("GET", "/repos/corral/corral/pulls", map[string][]string{"page": {"2"}})
+		b.ReportAllocs()
+		for b.Loop() {
+			if d := e.DecideHTTP(ctx, conn, r); !d.Allow {
+				b.Fatal(d)
+			}
 		}
-	}
+	})
+	b.Run("new", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			r := req("GET", fmt.Sprintf("/repos/corral/corral/pulls/%d", i), nil)
+			if d := e.DecideHTTP(ctx, conn, r); !d.Allow {
+				b.Fatal(d)
+			}
+		}
+	})
 }
 
 func BenchmarkDecideRestConnection(b *testing.B) {
@@ -214,5 +230,44 @@ func BenchmarkDecideRestConnection(b *testing.B) {
 		if d := e.Decide(ctx, conn); !d.Allow {
 			b.Fatal(d)
 		}
+	}
+}
+
+func TestRequestMemo(t *testing.T) {
+	p := hostPolicy([]string{curl}, restEndpoint(ghRules))
+	e := mustNew(t, p, nil)
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	allowed := req("GET", "/repos/a", nil)
+	for range 2 {
+		if d := e.DecideHTTP(ctx, conn, allowed); !d.Allow {
+			t.Fatalf("GET: %+v", d)
+		}
+	}
+	if e.cur.Load().memo.m == nil || len(e.cur.Load().memo.m) != 1 {
+		t.Fatalf("the decision was not remembered")
+	}
+	// Inputs that differ only in where a field boundary falls must not
+	// share an entry.
+	other := conn
+	other.Identity.Ancestors = []string{"/usr/bin/bash"}
+	if memoKey("a", "", 443, conn.Identity, allowed) == memoKey("a", "", 443, other.Identity, allowed) {
+		t.Error("identities with different ancestors share a memo key")
+	}
+	q1 := req("GET", "/search", map[string][]string{"q": {"repo:a", "user:x"}})
+	q2 := req("GET", "/search", map[string][]string{"q": {"repo:a"}})
+	if d1, d2 := e.DecideHTTP(ctx, conn, q1), e.DecideHTTP(ctx, conn, q2); d1.Allow || !d2.Allow {
+		t.Errorf("query variants: %+v / %+v", d1, d2)
+	}
+	// The binary is part of the input: a remembered allow for curl is no
+	// allow for python.
+	if d := e.DecideHTTP(ctx, byName("api.example.com", 443, python3), allowed); d.Allow {
+		t.Errorf("python3 got curl's remembered decision: %+v", d)
+	}
+	// User rules may depend on more than the input; they are never
+	// memoised.
+	custom := mustNew(t, p, append(BakedRules(), "\n# a user's copy\n"...))
+	if custom.DecideHTTP(ctx, conn, allowed); custom.cur.Load().memo != nil {
+		t.Error("user rules are memoised")
 	}
 }

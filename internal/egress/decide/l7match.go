@@ -2,6 +2,7 @@ package decide
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/corral-sandbox/corral/internal/egress"
@@ -126,18 +127,58 @@ func matchAny(globs []*glob.Pattern, s string) bool {
 	return false
 }
 
-// requestCandidate is a candidate's object in a request's input: the
-// connection candidate plus what Go matched of its endpoint.
-func (e *endpoint) requestCandidate(h egress.HTTPRequest) *ast.Term {
-	obj := e.term.Value.(ast.Object).Copy()
-	m := e.l7
-	if m == nil {
-		return ast.NewTerm(obj)
+// Path selector classes, in the order a policy's candidates are offered to
+// the rules for a request: a matching selector is more specific than none.
+const (
+	selectorMatches = iota
+	selectorNone
+	selectorMisses
+)
+
+func (e *endpoint) selectorClass(h egress.HTTPRequest) int {
+	switch {
+	case e.l7 == nil || e.l7.selector == nil:
+		return selectorNone
+	case e.l7.selector.Match(h.Path):
+		return selectorMatches
 	}
-	obj.Insert(keySelected, ast.BooleanTerm(m.selector != nil && m.selector.Match(h.Path)))
-	obj.Insert(keyAllowRules, matchingIndexes(m.rules, h))
-	obj.Insert(keyDenyRules, matchingIndexes(m.deny, h))
-	return ast.NewTerm(obj)
+	return selectorMisses
+}
+
+// requestCandidates are the candidates' objects in a request's input: the
+// connection candidate plus what Go matched of its endpoint, each policy's
+// ordered by selector class (stable, so rank order within a class).
+func requestCandidates(cands []*endpoint, h egress.HTTPRequest) []*ast.Term {
+	type cand struct {
+		e     *endpoint
+		class int
+	}
+	cs := make([]cand, len(cands))
+	for i, e := range cands {
+		cs[i] = cand{e, e.selectorClass(h)}
+	}
+	// Candidates arrive in rank order, so each policy's are contiguous;
+	// reorder within each policy only, so the policy that decides is the
+	// connection's.
+	for start := 0; start < len(cs); {
+		end := start + 1
+		for end < len(cs) && cs[end].e.key == cs[start].e.key {
+			end++
+		}
+		slices.SortStableFunc(cs[start:end], func(a, b cand) int { return a.class - b.class })
+		start = end
+	}
+	terms := make([]*ast.Term, len(cs))
+	for i, c := range cs {
+		obj := c.e.term.Value.(ast.Object).Copy()
+		obj.Insert(keyApplies, ast.BooleanTerm(c.class != selectorMisses))
+		if m := c.e.l7; m != nil {
+			obj.Insert(keyAllowRules, matchingIndexes(m.rules, h))
+			obj.Insert(keyDenyRules, matchingIndexes(m.deny, h))
+		}
+		terms[i] = ast.NewTerm(obj)
+	}
+	return terms
 }
 
 func matchingIndexes(rules []ruleMatcher, h egress.HTTPRequest) *ast.Term {
@@ -151,7 +192,7 @@ func matchingIndexes(rules []ruleMatcher, h egress.HTTPRequest) *ast.Term {
 }
 
 var (
-	keySelected   = ast.StringTerm("selected")
+	keyApplies    = ast.StringTerm("applies")
 	keyAllowRules = ast.StringTerm("matching_rules")
 	keyDenyRules  = ast.StringTerm("matching_deny_rules")
 )

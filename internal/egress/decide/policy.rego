@@ -42,47 +42,28 @@ decision := {"allow": true, "policy": p.name, "key": c.policy, "reason": "", "al
 # ---- HTTP requests on inspected connections ----
 #
 # The connection's policy (the first allowing one, as above) speaks for its
-# requests too. Among its endpoints for this destination, one whose path
-# selector matches the request is more specific than one without; an
-# endpoint without protocol (plain L4) allows every request. Go has matched
-# each candidate's path selector and rules against the request (see the
-# package documentation); what is left here is which endpoint and which
-# rule decide, and that deny rules win.
+# requests too. Go has matched each candidate's path selector and rules
+# against the request and ordered each policy's candidates so that those
+# whose path selector matches come first, then those without a selector,
+# then those whose selector does not match (see the package documentation):
+# the first allowing candidate is the endpoint that decides, if it applies
+# at all. What is left here is which rule decides and that deny rules win;
+# an endpoint without protocol (plain L4) allows every request.
 
-l7_key := allowing[0].policy
-
-l7_candidates := [c |
-	some c in allowing
-	c.policy == l7_key
-]
-
-l7_selected := [c |
-	some c in l7_candidates
-	c.selected
-]
-
-l7_unselected := [c |
-	some c in l7_candidates
-	data.network_policies[c.policy].endpoints[c.endpoint].path == ""
-]
-
-l7_candidate := l7_selected[0] if count(l7_selected) > 0
-else := l7_unselected[0] if count(l7_unselected) > 0
-
-l7_verdict(name, c) := {"allow": true, "policy": name, "rule": "", "reason": "", "enforcement": "enforce"} if {
-	data.network_policies[c.policy].endpoints[c.endpoint].protocol == ""
+l7_verdict(name, c, e) := {"allow": true, "policy": name, "rule": "", "reason": "", "enforcement": "enforce"} if {
+	e.protocol == ""
 } else := {"allow": false, "policy": name, "rule": e.deny_rules[c.matching_deny_rules[0]].id, "reason": "l7_deny_rule", "enforcement": e.enforcement} if {
-	e := data.network_policies[c.policy].endpoints[c.endpoint]
 	count(c.matching_deny_rules) > 0
 } else := {"allow": true, "policy": name, "rule": e.rules[c.matching_rules[0]].id, "reason": "", "enforcement": e.enforcement} if {
-	e := data.network_policies[c.policy].endpoints[c.endpoint]
 	count(c.matching_rules) > 0
-} else := {"allow": false, "policy": name, "rule": "", "reason": "l7_no_matching_rule", "enforcement": data.network_policies[c.policy].endpoints[c.endpoint].enforcement}
+} else := {"allow": false, "policy": name, "rule": "", "reason": "l7_no_matching_rule", "enforcement": e.enforcement}
 
 default request_decision := {"allow": false, "policy": "", "rule": "", "reason": "no_matching_policy", "enforcement": "enforce"}
 
-request_decision := l7_verdict(data.network_policies[l7_key].name, l7_candidate) if {
-	l7_candidate
-} else := {"allow": false, "policy": data.network_policies[l7_key].name, "rule": "", "reason": "l7_no_matching_endpoint", "enforcement": "enforce"} if {
-	l7_key
+request_decision := l7_verdict(p.name, c, p.endpoints[c.endpoint]) if {
+	c := allowing[0]
+	c.applies
+	p := data.network_policies[c.policy]
+} else := {"allow": false, "policy": data.network_policies[allowing[0].policy].name, "rule": "", "reason": "l7_no_matching_endpoint", "enforcement": "enforce"} if {
+	allowing[0]
 } else := {"allow": false, "policy": decision.policy, "rule": "", "reason": decision.reason, "enforcement": "enforce"}

@@ -165,9 +165,13 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 		Rewrite:        h.rewrite,
 		ModifyResponse: h.response,
 		Transport:      up.transport,
-		FlushInterval:  -1, // streamed responses (SSE, chunked) flow as they arrive
-		ErrorHandler:   h.upstreamError,
-		ErrorLog:       slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
+		// Zero: ReverseProxy still flushes every write of a streamed
+		// response (SSE, or no Content-Length), and a sized one goes out
+		// whole instead of a TLS record per write.
+		FlushInterval: 0,
+		ErrorHandler:  h.upstreamError,
+		BufferPool:    copyBuffers,
+		ErrorLog:      slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
 	}
 	ln := newConnListener(c)
 	idle := in.IdleTimeout
@@ -199,6 +203,15 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 	// still relaying.
 	h.active.close()
 }
+
+// copyBuffers are ReverseProxy's body copy buffers, shared by every
+// connection: otherwise each response allocates its own 32 KiB.
+var copyBuffers = &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(x []byte) { b.p.Put(&x) }
 
 func (in *Inspector) log() *slog.Logger {
 	if in.Log == nil {

@@ -65,7 +65,7 @@ type upstreamServer struct {
 // newUpstream starts a TLS upstream speaking h2 and HTTP/1.1 with leaves
 // for apiHost and otherHost from its own CA, distinct from the sandbox's,
 // so a test passes only if the inspector verifies against RootCAs.
-func newUpstream(t *testing.T) *upstreamServer {
+func newUpstream(t testing.TB) *upstreamServer {
 	t.Helper()
 	upCA, err := ca.New("upstream", 0, 0)
 	if err != nil {
@@ -194,7 +194,7 @@ type config struct {
 // harness is a listener whose every connection is an allowed tunnel handed
 // to the inspector, as the gate would after deciding the connection.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	up     *upstreamServer
 	sbPool *x509.CertPool
 	in     *inspect.Inspector
@@ -211,7 +211,7 @@ type harness struct {
 	checks []string
 }
 
-func newHarness(t *testing.T, up *upstreamServer, c config) *harness {
+func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 	t.Helper()
 	if c.host == "" {
 		c.host = apiHost
