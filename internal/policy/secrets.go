@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/textproto"
@@ -114,6 +115,23 @@ func checkSecrets(p *Policy, r *report) {
 		}
 	}
 }
+
+// CheckSecret validates one secrets entry on its own, as validation does:
+// the proxy's loader calls it so that an entry reaching it by any path is
+// held to the same rules.
+func CheckSecret(name string, s Secret) error {
+	r := &report{}
+	checkSecret(r, joinPath("secrets", name), name, s)
+	errs := make([]error, len(r.errs))
+	for i, p := range r.errs {
+		errs[i] = errors.New(p.String())
+	}
+	return errors.Join(errs...)
+}
+
+// SecretHeaders are the headers a secret is swapped in, canonical, with
+// the default when none are listed.
+func SecretHeaders(s Secret) []string { return secretHeaders(s.Headers) }
 
 func checkSecret(r *report, at, key string, s Secret) {
 	switch {

@@ -76,7 +76,8 @@ type Names map[netip.Addr]string
 // Lookup implements egress.Names.
 func (n Names) Lookup(ip netip.Addr) (string, bool) { h, ok := n[ip]; return h, ok }
 
-// AuditBuffer is an audit sink the test reads while listeners write to it.
+// AuditBuffer is an audit (or log) sink the test reads while listeners
+// write to it.
 type AuditBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -86,6 +87,13 @@ func (l *AuditBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *AuditBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Events decodes the events written so far.

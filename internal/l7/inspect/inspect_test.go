@@ -2,7 +2,6 @@ package inspect_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -159,25 +158,6 @@ func (u *upstreamServer) uris() []string {
 	return out
 }
 
-// lockedBuffer collects the inspector's debug log, which must never hold
-// a real secret either.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // config describes one harness; zero fields take the common case.
 type config struct {
 	policy  *policy.Policy
@@ -200,9 +180,11 @@ type harness struct {
 	in     *inspect.Inspector
 	dialer *egresstest.Dialer
 	audit  *egresstest.AuditBuffer
-	log    *lockedBuffer
-	addr   string
-	host   string
+	// log collects the inspector's debug log, which must never hold a
+	// real secret either.
+	log  *egresstest.AuditBuffer
+	addr string
+	host string
 
 	accepted atomic.Int32
 	live     atomic.Int32
@@ -233,7 +215,7 @@ func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 	h := &harness{
 		t: t, up: up, sbPool: x509.NewCertPool(),
 		dialer: &egresstest.Dialer{Addr: up.addr()},
-		audit:  &egresstest.AuditBuffer{}, log: &lockedBuffer{},
+		audit:  &egresstest.AuditBuffer{}, log: &egresstest.AuditBuffer{},
 		host: c.host,
 	}
 	h.sbPool.AppendCertsFromPEM(sbCA.CertPEM())

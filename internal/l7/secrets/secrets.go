@@ -31,7 +31,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"unicode"
@@ -49,21 +48,7 @@ const (
 	// Anything shorter could plausibly occur in ordinary header text, and a
 	// surrogate that short would be guessable.
 	minValueLen = 8
-
-	defaultHeader = "Authorization"
 )
-
-// framingHeaders are consumed or rewritten by the proxy, so a swap there is
-// unreliable and a real value could corrupt or reroute the request. Policy
-// validation refuses them too; Load repeats the check because it is the
-// last step before values are swapped, whatever path the policy took.
-var framingHeaders = []string{
-	"Connection", "Host", "Content-Length", "Transfer-Encoding", "Upgrade",
-	"Te", "Trailer", "Keep-Alive", "Proxy-Connection",
-}
-
-// Secret names become environment variable names in the sandbox.
-var validName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Set holds the real values and their surrogates for one sandbox.
 //
@@ -120,10 +105,10 @@ func Load(specs map[string]policy.Secret, getenv func(string) string) (*Set, err
 }
 
 func loadEntry(name string, spec policy.Secret, getenv func(string) string) (*entry, error) {
-	if !validName.MatchString(name) {
-		return nil, errors.New("the name must be a valid environment variable name (letters, digits and _, not starting with a digit)")
+	if err := policy.CheckSecret(name, spec); err != nil {
+		return nil, err
 	}
-	e := &entry{name: name}
+	e := &entry{name: name, headers: policy.SecretHeaders(spec)}
 	for _, h := range spec.Hosts {
 		p, err := hostpattern.Compile(h)
 		if err != nil {
@@ -131,41 +116,18 @@ func loadEntry(name string, spec policy.Secret, getenv func(string) string) (*en
 		}
 		e.hosts = append(e.hosts, p)
 	}
-	if len(e.hosts) == 0 {
-		return nil, errors.New("no hosts: the surrogate would never be replaced")
-	}
-	headers := spec.Headers
-	if len(headers) == 0 {
-		headers = []string{defaultHeader}
-	}
-	for _, h := range headers {
-		if !validHeaderName(h) {
-			return nil, fmt.Errorf("header %q is not a valid header name", h)
-		}
-		c := http.CanonicalHeaderKey(h)
-		if slices.Contains(framingHeaders, c) {
-			return nil, fmt.Errorf("header %s is a hop-by-hop or framing header, which the proxy does not pass through unchanged", c)
-		}
-		if !slices.Contains(e.headers, c) {
-			e.headers = append(e.headers, c)
-		}
-	}
-	var err error
-	switch {
-	case spec.FromEnv != "" && spec.FromFile != "":
-		return nil, errors.New("set only one of from_env and from_file")
-	case spec.FromEnv != "":
+	// CheckSecret has made sure exactly one source is set.
+	if spec.FromEnv != "" {
 		// getenv cannot tell unset from empty, and an empty value is
 		// unusable either way.
 		if e.real = getenv(spec.FromEnv); e.real == "" {
 			return nil, fmt.Errorf("from_env %s is not set in corral's environment", spec.FromEnv)
 		}
-	case spec.FromFile != "":
+	} else {
+		var err error
 		if e.real, err = readValueFile(spec.FromFile); err != nil {
 			return nil, err
 		}
-	default:
-		return nil, errors.New("set one of from_env and from_file")
 	}
 	if err := checkValue(e.real); err != nil {
 		return nil, err
@@ -217,22 +179,6 @@ func checkValue(v string) error {
 		}
 	}
 	return nil
-}
-
-// validHeaderName checks for an RFC 9110 token. It is written out here
-// because x/net's httpguts would pull x/text into the module graph.
-func validHeaderName(h string) bool {
-	if h == "" {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
-			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
 
 func (e *entry) matchesHost(host string) bool {
