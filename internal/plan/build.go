@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -195,6 +196,10 @@ func (b *builder) network() error {
 		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only; inet sockets denied by seccomp"}
 	}
 	b.pl.Namespaces = ns
+	for _, name := range slices.Sorted(maps.Keys(b.p.Secrets)) {
+		sec := b.p.Secrets[name]
+		b.pl.Network.Secrets = append(b.pl.Network.Secrets, Secret{Name: name, Hosts: sec.Hosts, Headers: policy.SecretHeaders(sec)})
+	}
 	return nil
 }
 

@@ -89,7 +89,8 @@ func debianHost() Host {
 		FS: fakeFS{
 			"/usr": "", "/usr/lib": "", "/usr/lib64": "", "/lib": "->usr/lib", "/lib64": "->usr/lib64",
 			"/bin": "->usr/bin", "/sbin": "->usr/sbin", "/usr/bin": "", "/usr/sbin": "", "/etc": "", "/opt": "",
-			"/home": "", "/home/ada": "owner=1000:1000", "/home/ada/proj": "owner=1000:1000",
+			"/etc/ssl/certs/ca-certificates.crt": "file",
+			"/home":                              "", "/home/ada": "owner=1000:1000", "/home/ada/proj": "owner=1000:1000",
 			"/home/ada/proj/link": "->/home/ada/.ssh", "/home/ada/.ssh": "owner=1000:1000 mode=0700",
 			"/srv": "", "/srv/data": "owner=0:0 mode=0755", "/root": "owner=0:0 mode=0700", "/root/w": "owner=0:0",
 		},
@@ -128,6 +129,17 @@ network: {mode: allow}
 		{"proxy", `
 version: 1
 network: {allow: ["api.github.com:443"]}
+`, "/home/ada/proj", debianHost()},
+		{"inspect", `
+version: 1
+filesystem_policy:
+  read_only: [/usr, /etc]
+network_policies:
+  gh:
+    endpoints:
+      - {host: api.github.com, port: 443, protocol: rest, access: read-only}
+secrets:
+  GH_TOKEN: {from_env: GITHUB_TOKEN, hosts: [api.github.com]}
 `, "/home/ada/proj", debianHost()},
 	}
 	for _, tc := range cases {
@@ -186,6 +198,8 @@ func TestBuildErrors(t *testing.T) {
 		{"rootless other user", "version: 1\nprocess: {run_as_user: \"4242\"}\n", "/home/ada/proj",
 			"only root can run the sandbox as another user", func(h *Host) { h.EUID, h.EGID = 1000, 1000 }},
 		{"symlinked workdir", "", "/lib", "not a directory", nil},
+		{"policy path holds the CA directory", "version: 1\nfilesystem_policy: {read_only: [/run]}\nnetwork: {mode: proxy}\n", "/home/ada/proj",
+			"would hold corral's CA directory /run/corral", func(h *Host) { h.FS.(fakeFS)["/run"] = "" }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

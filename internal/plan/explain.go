@@ -140,6 +140,10 @@ func (p *Plan) WriteText(w io.Writer) error {
 			ew.printf("  env %s\n", e)
 		}
 	}
+	for _, sec := range p.Network.Secrets {
+		ew.printf("  secret %s: a surrogate inside; the real value only in %s of requests over TLS to %s\n",
+			sec.Name, strings.Join(sec.Headers, ", "), strings.Join(sec.Hosts, ", "))
+	}
 	ew.printf("state: %s", p.State.Mode)
 	if p.State.HostDir != "" {
 		ew.printf(" (/scratch from %s)", p.State.HostDir)

@@ -121,6 +121,16 @@ type Network struct {
 	// Capture is set in proxy mode: how the sandbox's namespace sends all
 	// traffic to corral's listeners.
 	Capture *Capture `json:"capture,omitempty"`
+	// Secrets are the masked secrets: what the workload holds a surrogate
+	// for, and where the real value goes (never the value itself).
+	Secrets []Secret `json:"secrets,omitempty"`
+}
+
+// Secret is one masked secret as the plan shows it.
+type Secret struct {
+	Name    string   `json:"name"`
+	Hosts   []string `json:"hosts"`
+	Headers []string `json:"headers"`
 }
 
 // Capture is the in-namespace plumbing of proxy mode.

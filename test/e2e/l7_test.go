@@ -242,8 +242,10 @@ func TestL7Inspection(t *testing.T) {
 		r := runCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "l7.sh")},
 			policy: basePolicy(l7Policy),
-			flags:  []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile, "--env", "W=" + fx.W, "--env", "P=" + P},
-			env:    []string{"CORRAL_TEST_GH_TOKEN=" + real},
+			flags: []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile, "--env", "W=" + fx.W, "--env", "P=" + P,
+				// Ways a real value could be handed in by mistake.
+				"--pass-env", "CORRAL_TEST_GH_TOKEN", "--env", "LEAK=x" + real},
+			env: []string{"CORRAL_TEST_GH_TOKEN=" + real},
 		})
 		n := &netRun{t: t, r: r, sec: sections(r.stdout)}
 		if r.code != 0 || n.sec["end"] == "" {
@@ -377,6 +379,8 @@ func TestL7Inspection(t *testing.T) {
 		checkAuth("/secret-other"+P, "Bearer "+sur)
 		checkAuth("/repos/secret-plain"+P, "Bearer "+sur)
 		httpEvent(map[string]any{"path": "/repos/secret-bearer" + P, "masked": 1})
+		n.has("secret_visible", `(?m)^LEAK=x`+regexp.QuoteMeta(sur)+`$`)
+		n.hasNot("secret_visible", `(?m)^CORRAL_TEST_GH_TOKEN=`)
 		n.has("secret_visible", `CA_READABLE`)
 
 		// The real value is nowhere the workload or a log reader looks.
@@ -410,4 +414,44 @@ func randomAlnum(n int) string {
 		b[i] = alphabet[int(b[i])%len(alphabet)]
 	}
 	return string(b)
+}
+
+// Without corral's proxy (uncaged, or network mode allow) nothing can swap
+// a surrogate, yet the workload must still never see the real value: it
+// gets the surrogate, and the user is told it will not work.
+func TestSecretsWithoutProxy(t *testing.T) {
+	real := "ghp_" + randomAlnum(36)
+	secret := "secrets:\n  GH_TOKEN: {from_env: CORRAL_TEST_GH_TOKEN, hosts: [api.test]}\n"
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		for _, c := range []struct {
+			name   string
+			policy string
+			flags  []string
+		}{
+			{"uncaged", basePolicy("network_policies:\n  api:\n    endpoints: [{host: api.test, port: 443, protocol: rest, access: full}]\n" + secret), []string{"--no-sandbox"}},
+			{"allow-mode", basePolicy("network: {mode: allow}\n" + secret), nil},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				fx := newFixture(t, m)
+				r := runCorral(t, fx, runOpts{
+					args:   []string{fx.attack, "env"},
+					policy: c.policy,
+					flags:  c.flags,
+					env:    []string{"CORRAL_TEST_GH_TOKEN=" + real},
+				})
+				if r.code != 0 {
+					t.Fatalf("run failed\n%s", r)
+				}
+				if strings.Contains(r.stdout, real) {
+					t.Errorf("the real secret reached the workload\n%s", r)
+				}
+				if !regexp.MustCompile(`(?m)^GH_TOKEN=ghp_[A-Za-z0-9]{36}$`).MatchString(r.stdout) {
+					t.Errorf("the workload has no surrogate GH_TOKEN\n%s", r)
+				}
+				if !strings.Contains(r.stderr, "will fail") {
+					t.Errorf("no warning that the surrogates will not work\n%s", r)
+				}
+			})
+		}
+	})
 }

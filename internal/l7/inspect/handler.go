@@ -146,6 +146,11 @@ func (h *handler) rewrite(pr *httputil.ProxyRequest) {
 	if h.scheme == "https" && r.Host != "" {
 		ex.masked = h.in.Secrets.Swap(r.Host, pr.Out.Header)
 	}
+	if h.in.Secrets.Scoped(r.Host) {
+		// A compressed response would hide an echoed real value from the
+		// scrubbing of responses.
+		pr.Out.Header.Del("Accept-Encoding")
+	}
 }
 
 // response scrubs real secret values from what a scoped host sends back,
