@@ -302,7 +302,7 @@ func TestL7Inspection(t *testing.T) {
 
 		// Audit mode forwards and records a would-deny.
 		n.has("audit_post", `hello from audit\.test POST `+regexp.QuoteMeta(P)+`/audit-post rc=0`)
-		httpEvent(map[string]any{"host": "audit.test", "method": "POST", "path": P + "/audit-post", "decision": "audit", "reason": "l7_no_matching_rule", "status": 200})
+		httpEvent(map[string]any{"host": "audit.test", "method": "POST", "path": P + "/audit-post", "decision": "audit", "would_deny": true, "reason": "l7_no_matching_rule", "status": 200})
 
 		// Every way of spelling a denied path is refused, and the
 		// upstream never hears of it.
@@ -394,7 +394,7 @@ func TestL7Inspection(t *testing.T) {
 		}
 		// One event per request, with the fields consumers rely on.
 		if e := httpEvent(map[string]any{"path": P + "/ro-get"}); e != nil {
-			for _, k := range []string{"decision", "rule", "status", "bytes_out", "duration_ms", "method", "binary", "policy"} {
+			for _, k := range []string{"decision", "rule", "status", "bytes", "bytes_out", "duration_ms", "method", "binary", "policy"} {
 				if _, ok := e[k]; !ok {
 					t.Errorf("http.request event lacks %q: %v", k, e)
 				}

@@ -249,11 +249,14 @@ func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTP
 		"via", r.Via, "host", host, "port", r.Port, "scheme", h.scheme, "proto", req.Proto,
 		"method", req.Method, "path", h.in.Secrets.Redact(hr.Path), "query", h.in.Secrets.Redact(req.URL.RawQuery),
 		"decision", outcome, "policy", d.Policy, "rule", d.Rule,
-		"status", status, "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
+		"status", status, "bytes", in + w.n.Load(), "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
 		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", masked,
 	}
 	if outcome != decisionAllow {
 		kv = append(kv, "reason", d.Reason, "detail", h.in.Secrets.Redact(d.Detail))
+	}
+	if outcome == decisionAudit {
+		kv = append(kv, "would_deny", true)
 	}
 	h.in.Audit.Emit(audit.HTTPRequest, kv...)
 	if outcome == decisionDeny {
