@@ -455,3 +455,104 @@ func TestSecretsWithoutProxy(t *testing.T) {
 		}
 	})
 }
+
+// l7LeakScript opens many inspected connections at once, each with
+// allowed and refused requests on keep-alive, plus streams the client
+// abandons half-way, then closes everything.
+const l7LeakScript = `import http.client, os, ssl, sys, threading, time
+
+def wait_for(f):
+    end = time.time() + 60
+    while not os.path.exists(f):
+        if time.time() > end:
+            sys.exit("timeout waiting for " + f)
+        time.sleep(0.02)
+
+ctx = ssl.create_default_context()
+print("READY", flush=True)
+wait_for("go-open")
+ok, bad = [0], [0]
+lock = threading.Lock()
+
+def worker(i):
+    try:
+        c = http.client.HTTPSConnection("ro.test", 443, context=ctx, timeout=20)
+        for j, method in enumerate(["GET", "POST", "GET"]):
+            c.request(method, "/leak/%d/%d" % (i, j), body=b"x" if method == "POST" else None)
+            r = c.getresponse()
+            r.read()
+            want = 403 if method == "POST" else 200
+            with lock:
+                if r.status == want:
+                    ok[0] += 1
+                else:
+                    bad[0] += 1
+        c.close()
+    except Exception as e:
+        with lock:
+            bad[0] += 1
+        print("ERR", e, flush=True)
+
+def abandon(i):
+    try:
+        c = http.client.HTTPSConnection("ro.test", 443, context=ctx, timeout=20)
+        c.request("GET", "/stream/abandoned-%s-%d" % (sys.argv[1], i))
+        r = c.getresponse()
+        r.readline()
+        c.sock.close()
+    except Exception as e:
+        print("ERR", e, flush=True)
+
+ts = [threading.Thread(target=worker, args=(i,)) for i in range(100)]
+ts += [threading.Thread(target=abandon, args=(i,)) for i in range(20)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print("DONE ok=%d bad=%d" % (ok[0], bad[0]), flush=True)
+wait_for("go-exit")
+`
+
+func TestL7NoLeaks(t *testing.T) {
+	requireRoot(t)
+	lab := netlab.Start(t, netlab.Host{Name: "ro.test", Addr: addrRO})
+	forEachMode(t, false, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		writeOwned(t, m, filepath.Join(fx.W, "leak.py"), []byte(l7LeakScript), 0o644)
+		caFile := filepath.Join(fx.aux, "lab-ca.pem")
+		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := startCorral(t, fx, runOpts{
+			args:   []string{"/usr/bin/python3", filepath.Join(fx.W, "leak.py"), m.name},
+			policy: basePolicy("network_policies:\n  ro:\n    endpoints: [{host: ro.test, port: 443, protocol: rest, access: read-only}]\n"),
+			flags:  []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile},
+		})
+		waitOut(t, p, "READY", 15*time.Second)
+		pid := p.cmd.Process.Pid
+		time.Sleep(100 * time.Millisecond)
+		base := countFDs(pid)
+		if err := os.WriteFile(filepath.Join(fx.W, "go-open"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		waitOut(t, p, "DONE ", 60*time.Second)
+		after := countFDs(pid)
+		deadline := time.Now().Add(10 * time.Second)
+		for after > base+3 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+			after = countFDs(pid)
+		}
+		kinds := fdKinds(pid)
+		if err := os.WriteFile(filepath.Join(fx.W, "go-exit"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := p.wait()
+		if !strings.Contains(r.stdout, "DONE ok=300 bad=0") || r.code != 0 {
+			t.Fatalf("the requests did not all get their answer\n%s", r)
+		}
+		t.Logf("supervisor fds: before %d, after %d", base, after)
+		if after > base+3 {
+			t.Errorf("supervisor fd leak after 120 inspected connections: %d before, %d after (%v)", base, after, kinds)
+		}
+	})
+}

@@ -155,14 +155,23 @@ func (r *Resolver) identifyRefs(refs []fdRef) (egress.Identity, error) {
 	if len(refs) == 0 {
 		return egress.Identity{}, fmt.Errorf("no process of sandbox %d holds the socket", r.InitPID)
 	}
-	slices.SortFunc(refs, func(a, b fdRef) int { return a.pid - b.pid })
+	slices.SortStableFunc(refs, func(a, b fdRef) int { return a.pid - b.pid })
 	var id egress.Identity
 	seen := map[int]bool{}
-	for _, ref := range refs {
+	for i, ref := range refs {
 		if seen[ref.pid] {
 			continue
 		}
 		got, err := r.identify(ref)
+		// A process whose candidate socket has closed since the snapshot
+		// (a busy client opening and closing connections) is still the
+		// holder of its other candidates: any one it still holds pins it.
+		for j := i + 1; err != nil && j < len(refs) && refs[j].pid == ref.pid; j++ {
+			if _, integrity := egress.AsDeny(err); integrity {
+				break
+			}
+			got, err = r.identify(refs[j])
+		}
 		if err != nil {
 			return egress.Identity{}, err
 		}

@@ -182,6 +182,12 @@ func (s *snapshot) readFDs(pid int) {
 func (s *snapshot) sockets(listener, client, origDst netip.AddrPort) []fdRef {
 	var refs []fdRef
 	if origDst.IsValid() {
+		// Without a port rewrite the full tuple names the socket itself.
+		// Conntrack picks a rewritten port that no other connection to the
+		// listener uses, so a socket with this tuple is never another one.
+		if exact := s.refs(s.byTuple[tuple{client, origDst}]); len(exact) > 0 {
+			return exact
+		}
 		refs = s.refs(s.byPeer[peer{client.Addr(), origDst}])
 	}
 	if len(refs) > 0 && onePID(refs) {
