@@ -346,3 +346,50 @@ func TestHeaderDeadline(t *testing.T) {
 		t.Fatalf("slow client dropped after %v", d)
 	}
 }
+
+// Plain HTTP through a CONNECT tunnel is checked request by request: a
+// keep-alive request naming another host served at the same address is
+// domain fronting, refused like the first one would be.
+func TestConnectKeepAliveFronting(t *testing.T) {
+	seen := make(chan string, 4)
+	up := egresstest.Upstream(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			seen <- req.Host
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	h := start(t, up)
+	c := h.dial(t)
+	io.WriteString(c, "CONNECT allowed.test:80 HTTP/1.1\r\n\r\n")
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	io.WriteString(c, "GET /one HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	io.WriteString(c, "GET /two HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatalf("the fronted request got an answer: %v", resp.Status)
+	}
+	evs := h.audit.Events(t)
+	if last := evs[len(evs)-1]; last[audit.FieldEvent] != audit.NetConnectDenied || last["reason"] != egress.ReasonHostMismatch {
+		t.Fatalf("events %v", evs)
+	}
+	close(seen)
+	var hosts []string
+	for h := range seen {
+		hosts = append(hosts, h)
+	}
+	if len(hosts) != 1 || hosts[0] != "allowed.test" {
+		t.Fatalf("upstream saw %v, want only the first request", hosts)
+	}
+}

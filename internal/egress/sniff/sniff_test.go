@@ -1,14 +1,18 @@
 package sniff
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/tls"
 	"errors"
 	"flag"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -358,5 +362,66 @@ func TestHostname(t *testing.T) {
 		if _, err := Hostname(bad); err == nil {
 			t.Errorf("Hostname(%q) accepted", bad)
 		}
+	}
+}
+
+// After an HTTP opening the guard hands on each request whole (bodies of
+// either framing included), checks each one's Host, and after an upgrade
+// passes the rest through untouched.
+func TestGuardHTTPRequests(t *testing.T) {
+	client, proxy := net.Pipe()
+	defer client.Close()
+	var hosts []string
+	g := Guard(proxy, nil, DefaultMax, time.Second, func(kind, name string, err error) error {
+		hosts = append(hosts, kind+" "+name)
+		if name == "evil.test" {
+			return errors.New("fronted")
+		}
+		return nil
+	})
+	go func() {
+		io.WriteString(client, "POST /a HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 5\r\n\r\nhello")
+		io.WriteString(client, "POST /b HTTP/1.1\r\nHost: ok.test:80\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+		io.WriteString(client, "GET /ws HTTP/1.1\r\nHost: ok.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nRAW-FRAMES")
+		client.Close()
+	}()
+	br := bufio.NewReader(g)
+	for _, want := range []string{"hello", "abc"} {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(req.Body)
+		if string(body) != want {
+			t.Errorf("%s body %q, want %q", req.URL.Path, body, want)
+		}
+	}
+	req, err := http.ReadRequest(br)
+	if err != nil || req.Header.Get("Upgrade") != "websocket" {
+		t.Fatalf("upgrade request: %v %v", req, err)
+	}
+	if rest, _ := io.ReadAll(br); string(rest) != "RAW-FRAMES" {
+		t.Errorf("after the upgrade: %q", rest)
+	}
+	if want := []string{"http_host ok.test", "http_host ok.test", "http_host ok.test", "http_host ok.test"}; !slices.Equal(hosts, want) {
+		t.Errorf("checked %q, want %q", hosts, want)
+	}
+
+	// A later request for another host ends the stream with the refusal.
+	client2, proxy2 := net.Pipe()
+	defer client2.Close()
+	g2 := Guard(proxy2, nil, DefaultMax, time.Second, func(kind, name string, err error) error {
+		if name == "evil.test" {
+			return errors.New("fronted")
+		}
+		return nil
+	})
+	go io.WriteString(client2, "GET /1 HTTP/1.1\r\nHost: ok.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	got, err := io.ReadAll(g2)
+	if err == nil || !strings.Contains(err.Error(), "fronted") {
+		t.Errorf("fronted request: err %v", err)
+	}
+	if strings.Contains(string(got), "/2") || !strings.Contains(string(got), "GET /1") {
+		t.Errorf("forwarded %q", got)
 	}
 }

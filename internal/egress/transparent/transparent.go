@@ -17,9 +17,6 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 )
 
-// replayTimeout bounds writing the peeked opening upstream.
-const replayTimeout = 10 * time.Second
-
 // Server is the transparent listener.
 type Server struct {
 	Gate  *egress.Gate
@@ -105,26 +102,14 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	}
 	up := t.Up
 
-	if r.SniffedKind == "http_host" {
-		s.relayHTTP(ctx, c, up, opening, r)
-		return
-	}
 	var client net.Conn = c
-	if len(opening) == 0 && r.Host != "" {
-		// The client waited out Peek: a server-first protocol, or a client
-		// hoping to send a fronted name unchecked. Let the server speak and
-		// check the client's first bytes when they come.
-		client = sniff.Guard(c, nil, sniff.DefaultMax, s.PeekTimeout, s.lateCheck(ctx, c, r))
-	} else if len(opening) > 0 {
-		up.SetWriteDeadline(time.Now().Add(replayTimeout))
-		_, err := up.Write(opening)
-		up.SetWriteDeadline(time.Time{})
-		if err != nil {
-			s.log().Debug("transparent replay upstream failed", "target", r.Target(), "err", err)
-			up.Close()
-			reset(c)
-			return
-		}
+	if r.Host != "" {
+		// The guard replays the opening the gate has seen (checking it is
+		// a formality) and checks what the client sends later: a first
+		// opening when it waited out Peek (a server-first protocol, or a
+		// client hoping to send a fronted name unchecked), every later
+		// request of a plain HTTP connection.
+		client = sniff.Guard(c, opening, sniff.DefaultMax, s.PeekTimeout, s.lateCheck(ctx, c, r))
 	}
 	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
 		s.log().Debug("transparent tunnel ended", "target", r.Target(), "err", err)
