@@ -288,6 +288,9 @@ func (b *builder) mounts() error {
 			return err
 		}
 	}
+	if err := b.secretFilesHidden(mounts); err != nil {
+		return err
+	}
 	// Parents before children, so /home/u/proj lands on top of /home/u.
 	slices.SortStableFunc(mounts, func(x, y Mount) int {
 		if d := depth(x.Target) - depth(y.Target); d != 0 {
@@ -332,6 +335,24 @@ func (b *builder) caBundle(mounts *[]Mount, targets map[string]bool) error {
 		}
 		*mounts = append(*mounts, Mount{Kind: KindBind, Source: filepath.Join(dir, "ca-bundle.pem"), Target: sys, ReadOnly: true,
 			Why: "system CA bundle replaced by system roots + sandbox CA"})
+	}
+	return nil
+}
+
+// secretFilesHidden refuses a masked secret whose file the sandbox could
+// read: the workload would hold the real value, not the surrogate.
+func (b *builder) secretFilesHidden(mounts []Mount) error {
+	for _, name := range slices.Sorted(maps.Keys(b.p.Secrets)) {
+		file := b.p.Secrets[name].FromFile
+		if file == "" {
+			continue
+		}
+		for _, m := range mounts {
+			if m.Kind == KindBind && (under(file, []string{m.Target}) || under(file, []string{m.Source})) {
+				return fmt.Errorf("secrets.%s.from_file %s is inside %s, which the sandbox mounts (%s): the workload could read the real value; keep the file outside every path the policy exposes",
+					name, file, m.Target, m.Why)
+			}
+		}
 	}
 	return nil
 }

@@ -198,6 +198,10 @@ func TestBuildErrors(t *testing.T) {
 		{"rootless other user", "version: 1\nprocess: {run_as_user: \"4242\"}\n", "/home/ada/proj",
 			"only root can run the sandbox as another user", func(h *Host) { h.EUID, h.EGID = 1000, 1000 }},
 		{"symlinked workdir", "", "/lib", "not a directory", nil},
+		{"secret file visible inside", "version: 1\nfilesystem_policy: {read_only: [/srv]}\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/data/token, hosts: [api.example.com]}\n",
+			"/home/ada/proj", "the workload could read the real value", nil},
+		{"secret file in the workdir", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /home/ada/proj/.token, hosts: [api.example.com]}\n",
+			"/home/ada/proj", "inside /home/ada/proj", nil},
 		{"policy path holds the CA directory", "version: 1\nfilesystem_policy: {read_only: [/run]}\nnetwork: {mode: proxy}\n", "/home/ada/proj",
 			"would hold corral's CA directory /run/corral", func(h *Host) { h.FS.(fakeFS)["/run"] = "" }},
 	}
