@@ -342,19 +342,24 @@ func TestWarnings(t *testing.T) {
 			`sandbox: disabled: the command runs without any confinement — remove it to run the command sandboxed`}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p, err := Parse([]byte(tt.src), "test")
-			if err != nil {
-				t.Fatalf("Parse: %v", err)
-			}
-			var got []string
-			for _, w := range p.Warnings() {
-				got = append(got, w.String())
-			}
-			if !slices.Equal(got, tt.want) {
-				t.Errorf("warnings:\n got: %q\nwant: %q", got, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { requireWarnings(t, tt.src, tt.want) })
+	}
+}
+
+// requireWarnings parses src, which must be valid, and compares its
+// warnings with want.
+func requireWarnings(t *testing.T, src string, want []string) {
+	t.Helper()
+	p, err := Parse([]byte(src), "test")
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	var got []string
+	for _, w := range p.Warnings() {
+		got = append(got, w.String())
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("warnings:\n got: %q\nwant: %q", got, want)
 	}
 }
 

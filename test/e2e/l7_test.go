@@ -536,12 +536,7 @@ func TestL7NoLeaks(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitOut(t, p, "DONE ", 60*time.Second)
-		after := countFDs(pid)
-		deadline := time.Now().Add(10 * time.Second)
-		for after > base+3 && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond)
-			after = countFDs(pid)
-		}
+		after := settledFDs(pid, base)
 		kinds := fdKinds(pid)
 		if err := os.WriteFile(filepath.Join(fx.W, "go-exit"), nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -551,7 +546,7 @@ func TestL7NoLeaks(t *testing.T) {
 			t.Fatalf("the requests did not all get their answer\n%s", r)
 		}
 		t.Logf("supervisor fds: before %d, after %d", base, after)
-		if after > base+3 {
+		if after > base+fdSlack {
 			t.Errorf("supervisor fd leak after 120 inspected connections: %d before, %d after (%v)", base, after, kinds)
 		}
 	})

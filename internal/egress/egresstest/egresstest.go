@@ -5,12 +5,15 @@
 package egresstest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -171,4 +174,34 @@ func Dial(t testing.TB, addr string) *net.TCPConn {
 	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	return c.(*net.TCPConn)
+}
+
+// HostRecorder is an upstream handler answering every HTTP/1 request on a
+// connection with a 200 and recording the Host each one named, for tests
+// that must show a refused request never arrived.
+type HostRecorder struct {
+	mu    sync.Mutex
+	hosts []string
+}
+
+// Serve handles one upstream connection.
+func (h *HostRecorder) Serve(c net.Conn) {
+	br := bufio.NewReader(c)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		h.mu.Lock()
+		h.hosts = append(h.hosts, req.Host)
+		h.mu.Unlock()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	}
+}
+
+// Hosts returns the Host of every request received so far.
+func (h *HostRecorder) Hosts() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.hosts)
 }

@@ -351,19 +351,8 @@ func TestHeaderDeadline(t *testing.T) {
 // keep-alive request naming another host served at the same address is
 // domain fronting, refused like the first one would be.
 func TestConnectKeepAliveFronting(t *testing.T) {
-	seen := make(chan string, 4)
-	up := egresstest.Upstream(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			seen <- req.Host
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
-	h := start(t, up)
+	rec := &egresstest.HostRecorder{}
+	h := start(t, egresstest.Upstream(t, rec.Serve))
 	c := h.dial(t)
 	io.WriteString(c, "CONNECT allowed.test:80 HTTP/1.1\r\n\r\n")
 	br := bufio.NewReader(c)
@@ -384,12 +373,7 @@ func TestConnectKeepAliveFronting(t *testing.T) {
 	if last := evs[len(evs)-1]; last[audit.FieldEvent] != audit.NetConnectDenied || last["reason"] != egress.ReasonHostMismatch {
 		t.Fatalf("events %v", evs)
 	}
-	close(seen)
-	var hosts []string
-	for h := range seen {
-		hosts = append(hosts, h)
-	}
-	if len(hosts) != 1 || hosts[0] != "allowed.test" {
+	if hosts := rec.Hosts(); len(hosts) != 1 || hosts[0] != "allowed.test" {
 		t.Fatalf("upstream saw %v, want only the first request", hosts)
 	}
 }

@@ -327,18 +327,8 @@ func TestServeStops(t *testing.T) {
 // Every request on a kept-alive connection is checked, not just the first:
 // otherwise a second request could name another site at the same address.
 func TestKeepAliveFrontingReset(t *testing.T) {
-	seen := make(chan string, 4)
-	h := start(t, netip.AddrPortFrom(synthAllowed, 80), func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			seen <- req.Host
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
+	rec := &egresstest.HostRecorder{}
+	h := start(t, netip.AddrPortFrom(synthAllowed, 80), rec.Serve)
 	c := h.dial(t)
 	br := bufio.NewReader(c)
 	io.WriteString(c, "GET /one HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
@@ -354,12 +344,7 @@ func TestKeepAliveFrontingReset(t *testing.T) {
 	if ev := h.lastEvent(t, audit.NetConnectDenied); ev["reason"] != egress.ReasonHostMismatch {
 		t.Fatalf("event %v", ev)
 	}
-	close(seen)
-	var hosts []string
-	for h := range seen {
-		hosts = append(hosts, h)
-	}
-	if len(hosts) != 1 || hosts[0] != "allowed.test" {
+	if hosts := rec.Hosts(); len(hosts) != 1 || hosts[0] != "allowed.test" {
 		t.Fatalf("upstream saw %v, want only the first request", hosts)
 	}
 }
