@@ -207,7 +207,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 			aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
 			return setupFailed(err)
 		}
-		eg.Secrets = masked
+		eg.Secrets = secrets.NewLive(masked)
 	} else if masked.Len() > 0 {
 		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
 			"secrets", masked.Names())

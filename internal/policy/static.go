@@ -8,8 +8,9 @@ import (
 // StaticDiff lists the sections of q that differ from p among those fixed
 // when a sandbox starts: the filesystem, Landlock, identity, limits, seccomp,
 // state and network mode are applied by the kernel before the workload runs
-// and cannot change afterwards, and secrets because their surrogates are
-// already in the workload's environment. Only network policies can be
+// and cannot change afterwards, and which secrets exist and where their
+// values come from, because their surrogates are already in the workload's
+// environment. Network policies and secret scopes (hosts, headers) can be
 // hot-reloaded.
 func (p *Policy) StaticDiff(q *Policy) []string {
 	sections := []struct {
@@ -24,7 +25,7 @@ func (p *Policy) StaticDiff(q *Policy) []string {
 		{"seccomp", p.SeccompProfile(), q.SeccompProfile()},
 		{"state", p.State, q.State},
 		{"network.mode", p.NetworkMode(), q.NetworkMode()},
-		{"secrets", secretsOrNil(p.Secrets), secretsOrNil(q.Secrets)},
+		{"secrets", secretSources(p.Secrets), secretSources(q.Secrets)},
 	}
 	var diff []string
 	for _, s := range sections {
@@ -37,10 +38,15 @@ func (p *Policy) StaticDiff(q *Policy) []string {
 	return diff
 }
 
-// secretsOrNil makes "secrets: {}" and no secrets compare equal.
-func secretsOrNil(s map[string]Secret) map[string]Secret {
+// secretSources is what of the secrets is fixed: their names and the
+// sources of their values. "secrets: {}" and none compare equal.
+func secretSources(s map[string]Secret) map[string]Secret {
 	if len(s) == 0 {
 		return nil
 	}
-	return s
+	out := make(map[string]Secret, len(s))
+	for k, v := range s {
+		out[k] = Secret{FromEnv: v.FromEnv, FromFile: v.FromFile}
+	}
+	return out
 }

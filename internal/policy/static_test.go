@@ -44,7 +44,9 @@ func TestStaticDiffSecrets(t *testing.T) {
 		{"same secrets, defaults spelled out", net + "secrets: {T: {from_env: T, hosts: [API.example.com], headers: [authorization]}}\n", nil},
 		{"endpoints may change", net + "  q: {endpoints: [{host: b.example.com, port: 443}]}\nsecrets: {T: {from_env: T, hosts: [api.example.com]}}\n", nil},
 		{"source may not", net + "secrets: {T: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
-		{"headers may not", net + "secrets: {T: {from_env: T, hosts: [api.example.com], headers: [X-Token]}}\n", []string{"secrets"}},
+		{"headers may change", net + "secrets: {T: {from_env: T, hosts: [api.example.com], headers: [X-Token]}}\n", nil},
+		{"hosts may change", net + "  q: {endpoints: [{host: b.example.com, port: 443, protocol: rest, access: full}]}\nsecrets: {T: {from_env: T, hosts: [b.example.com]}}\n", nil},
+		{"file instead of env may not", net + "secrets: {T: {from_file: /run/t, hosts: [api.example.com]}}\n", []string{"secrets"}},
 		{"adding one may not", net + "secrets: {T: {from_env: T, hosts: [api.example.com]}, U: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
 		{"removing all may not", net, []string{"secrets"}},
 	}

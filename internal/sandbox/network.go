@@ -21,6 +21,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
+	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
@@ -47,8 +48,29 @@ type Egress struct {
 	SystemBundle []byte
 	// UpstreamRoots verify upstream servers of inspected connections.
 	UpstreamRoots *x509.CertPool
-	// Secrets are swapped into inspected requests; nil for none.
-	Secrets *secrets.Set
+	// Secrets are swapped into inspected requests; nil for none. Their
+	// scopes reload with the policy.
+	Secrets *secrets.Live
+}
+
+// egressReload swaps the decision engine and the secrets' scopes together.
+// The new scopes are worked out first, so a policy either takes effect
+// whole or not at all.
+type egressReload struct {
+	engine  Reloadable
+	secrets *secrets.Live
+}
+
+func (r egressReload) Swap(p *policy.Policy) error {
+	scoped, err := r.secrets.Load().Rescope(p.Secrets)
+	if err != nil {
+		return err
+	}
+	if err := r.engine.Swap(p); err != nil {
+		return err
+	}
+	r.secrets.Store(scoped)
+	return nil
 }
 
 // writeCA puts the CA certificate and the combined bundle where the plan

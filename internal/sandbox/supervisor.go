@@ -82,7 +82,7 @@ func Run(ctx context.Context, o Options) (int, error) {
 	defer stop()
 	s.pol = policyState{current: o.Policy, version: 1}
 	if o.Egress != nil {
-		s.pol.target = o.Egress.Engine
+		s.pol.target = egressReload{engine: o.Egress.Engine, secrets: o.Egress.Secrets}
 	}
 	return s.run(ctx)
 }

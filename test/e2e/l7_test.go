@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -548,6 +549,87 @@ func TestL7NoLeaks(t *testing.T) {
 		t.Logf("supervisor fds: before %d, after %d", base, after)
 		if after > base+fdSlack {
 			t.Errorf("supervisor fd leak after 120 inspected connections: %d before, %d after (%v)", base, after, kinds)
+		}
+	})
+}
+
+// l7ReloadScript makes the same requests before and after the test reloads
+// the policy.
+const l7ReloadScript = `#!/bin/bash
+cd "$W" || exit 99
+wait_for() { for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done; echo "TIMEOUT $1"; exit 1; }
+C="curl -sS --max-time 15 -o /dev/null -w %{http_code}"
+for phase in before after; do
+  [ $phase = after ] && wait_for go-after
+  echo "$phase ro=$($C -H "Authorization: Bearer $GH_TOKEN" https://ro.test/reload-$phase$P) post=$($C -X POST --data x https://api.test/reload-$phase$P)"
+done
+`
+
+// A hot reload moves L7 rules and a secret's scope in a running sandbox;
+// the surrogate in the workload stays what it was.
+func TestL7Reload(t *testing.T) {
+	requireRoot(t)
+	lab := netlab.Start(t,
+		netlab.Host{Name: "api.test", Addr: addrAPI},
+		netlab.Host{Name: "ro.test", Addr: addrRO},
+	)
+	policyWith := func(apiAccess, scope string) string {
+		return basePolicy(fmt.Sprintf(`network_policies:
+  l7:
+    endpoints:
+      - {host: api.test, port: 443, protocol: rest, access: %s}
+      - {host: ro.test, port: 443, protocol: rest, access: read-only}
+secrets:
+  GH_TOKEN: {from_env: CORRAL_TEST_GH_TOKEN, hosts: [%s]}
+`, apiAccess, scope))
+	}
+	forEachMode(t, false, func(t *testing.T, m *mode) {
+		P := "/" + m.name
+		fx := newFixture(t, m)
+		writeOwned(t, m, filepath.Join(fx.W, "reload.sh"), []byte(l7ReloadScript), 0o755)
+		caFile := filepath.Join(fx.aux, "lab-ca.pem")
+		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		real := "ghp_" + randomAlnum(36)
+		p := startCorral(t, fx, runOpts{
+			args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "reload.sh")},
+			policy: policyWith("read-only", "api.test"),
+			flags:  []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile, "--env", "W=" + fx.W, "--env", "P=" + P},
+			env:    []string{"CORRAL_TEST_GH_TOKEN=" + real},
+		})
+		waitOut(t, p, "before ", 20*time.Second)
+		id := ""
+		for _, e := range readEvents(t, p.audit) {
+			if e["event"] == "sandbox.start" {
+				id = fmt.Sprint(e["sandbox_id"])
+			}
+		}
+		next := fx.writePolicy(t, policyWith("full", "ro.test"))
+		if code, out := corralCLI(t, m, "policy", "set", "--state-dir", fx.state, "--sandbox", id, next); code != 0 {
+			t.Fatalf("reload failed (exit %d):\n%s", code, out)
+		}
+		if err := os.WriteFile(filepath.Join(fx.W, "go-after"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := p.wait()
+		if r.code != 0 {
+			t.Fatalf("the script failed\n%s", r)
+		}
+		if !strings.Contains(r.stdout, "before ro=200 post=403") || !strings.Contains(r.stdout, "after ro=200 post=200") {
+			t.Errorf("want the POST refused before the reload and allowed after:\n%s", r.stdout)
+		}
+		auth := map[string]string{}
+		for _, s := range lab.HTTPRequests() {
+			if strings.HasPrefix(s.Path, "/reload-") && strings.HasSuffix(s.Path, P) && s.Host == "ro.test" {
+				auth[strings.TrimSuffix(s.Path, P)] = s.Header.Get("Authorization")
+			}
+		}
+		if got := auth["/reload-before"]; got == "Bearer "+real || !strings.HasPrefix(got, "Bearer ghp_") {
+			t.Errorf("before the reload ro.test got %q, want the surrogate", got)
+		}
+		if got := auth["/reload-after"]; got != "Bearer "+real {
+			t.Errorf("after moving the scope to ro.test it got %q, want the real value", got)
 		}
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 	"github.com/corral-sandbox/corral/internal/l7/reqpath"
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
 )
 
 // handler decides and forwards the requests of one connection.
@@ -31,6 +32,10 @@ type handler struct {
 	// active counts requests in flight, upgraded ones included.
 	active tracker
 }
+
+// secrets is the masked secrets' Set in force (scopes reload with the
+// policy).
+func (h *handler) secrets() *secrets.Set { return h.in.Secrets.Load() }
 
 // exchange is what one request carries from the decision to the rewrite
 // and the event.
@@ -144,9 +149,9 @@ func (h *handler) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Host = r.Host
 	}
 	if h.scheme == "https" && r.Host != "" {
-		ex.masked = h.in.Secrets.Swap(r.Host, pr.Out.Header)
+		ex.masked = h.secrets().Swap(r.Host, pr.Out.Header)
 	}
-	if h.in.Secrets.Scoped(r.Host) {
+	if h.secrets().Scoped(r.Host) {
 		// A compressed response would hide an echoed real value from the
 		// scrubbing of responses.
 		pr.Out.Header.Del("Accept-Encoding")
@@ -159,11 +164,11 @@ func (h *handler) response(resp *http.Response) error {
 	if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*exchange); ok {
 		ex.status = resp.StatusCode
 	}
-	if h.in.Secrets.Scoped(h.t.Request.Host) {
-		h.in.Secrets.ScrubHeader(resp.Header)
-		h.in.Secrets.ScrubHeader(resp.Trailer)
+	if h.secrets().Scoped(h.t.Request.Host) {
+		h.secrets().ScrubHeader(resp.Header)
+		h.secrets().ScrubHeader(resp.Trailer)
 		if resp.StatusCode != http.StatusSwitchingProtocols {
-			resp.Body = h.in.Secrets.ScrubBody(resp.Body)
+			resp.Body = h.secrets().ScrubBody(resp.Body)
 		}
 	}
 	return nil
@@ -191,8 +196,8 @@ func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPR
 		host = r.IP.String()
 	}
 	b := denyBody{
-		Error: "request denied by corral policy", Reason: d.Reason, Detail: h.in.Secrets.Redact(d.Detail),
-		Policy: d.Policy, Rule: d.Rule, Method: req.Method, Host: host, Path: h.in.Secrets.Redact(hr.Path),
+		Error: "request denied by corral policy", Reason: d.Reason, Detail: h.secrets().Redact(d.Detail),
+		Policy: d.Policy, Rule: d.Rule, Method: req.Method, Host: host, Path: h.secrets().Redact(hr.Path),
 		Binary: r.Identity.Binary,
 	}
 	switch d.Reason {
@@ -226,7 +231,7 @@ func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err er
 	js, _ := json.Marshal(map[string]string{
 		"error":      "corral allowed the request but the upstream did not answer it",
 		"reason":     egress.ReasonUpstream,
-		"detail":     h.in.Secrets.Redact(err.Error()),
+		"detail":     h.secrets().Redact(err.Error()),
 		"next_steps": "check that " + h.t.Request.Target() + " is reachable from the host and presents a certificate the host trusts; this is not a policy refusal",
 	})
 	w.Header().Set("Content-Type", "application/json")
@@ -247,20 +252,20 @@ func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTP
 	}
 	kv := []any{
 		"via", r.Via, "host", host, "port", r.Port, "scheme", h.scheme, "proto", req.Proto,
-		"method", req.Method, "path", h.in.Secrets.Redact(hr.Path), "query", h.in.Secrets.Redact(req.URL.RawQuery),
+		"method", req.Method, "path", h.secrets().Redact(hr.Path), "query", h.secrets().Redact(req.URL.RawQuery),
 		"decision", outcome, "policy", d.Policy, "rule", d.Rule,
 		"status", status, "bytes", in + w.n.Load(), "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
 		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", masked,
 	}
 	if outcome != decisionAllow {
-		kv = append(kv, "reason", d.Reason, "detail", h.in.Secrets.Redact(d.Detail))
+		kv = append(kv, "reason", d.Reason, "detail", h.secrets().Redact(d.Detail))
 	}
 	if outcome == decisionAudit {
 		kv = append(kv, "would_deny", true)
 	}
 	h.in.Audit.Emit(audit.HTTPRequest, kv...)
 	if outcome == decisionDeny {
-		h.in.log().Warn("http request denied", "target", r.Target(), "method", req.Method, "path", h.in.Secrets.Redact(hr.Path), "reason", d.Reason)
+		h.in.log().Warn("http request denied", "target", r.Target(), "method", req.Method, "path", h.secrets().Redact(hr.Path), "reason", d.Reason)
 	}
 }
 

@@ -52,8 +52,8 @@ const (
 type Inspector struct {
 	Decider egress.HTTPDecider
 	CA      *ca.CA
-	// Secrets may be nil: no masked secrets.
-	Secrets *secrets.Set
+	// Secrets holds the masked secrets; nil, or holding nil, for none.
+	Secrets *secrets.Live
 	// Dialer opens further upstream connections for a tunnel (the gate
 	// dialled the first), with the same SSRF checks.
 	Dialer egress.Dialer

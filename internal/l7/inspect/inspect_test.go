@@ -225,7 +225,7 @@ func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 	h.in = &inspect.Inspector{
 		Decider: engine,
 		CA:      sbCA,
-		Secrets: c.secrets,
+		Secrets: secrets.NewLive(c.secrets),
 		Dialer:  h.dialer,
 		RootCAs: up.pool,
 		Audit:   audit.New(h.audit),

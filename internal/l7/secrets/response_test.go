@@ -65,3 +65,43 @@ func TestScrubBodyDoesNotHoldStreams(t *testing.T) {
 		t.Errorf("rest: %q", rest)
 	}
 }
+
+// A reload may move a secret's scope; its value and surrogate stay, and
+// nothing can add or swap in a value.
+func TestRescope(t *testing.T) {
+	const real = "ghp_0123456789abcdefghijklmnopqrstuvwxyz"
+	s := loadOne(t, real)
+	sur := strings.TrimPrefix(s.Env()[0], "GH_TOKEN=")
+	live := NewLive(s)
+	moved, err := live.Load().Rescope(map[string]policy.Secret{
+		"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{"uploads.github.com"}, Headers: []string{"X-Token"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Store(moved)
+	h := http.Header{"X-Token": {sur}, "Authorization": {"Bearer " + sur}}
+	if n := live.Load().Swap("api.github.com", h); n != 0 {
+		t.Errorf("the old scope still swaps (%d)", n)
+	}
+	if n := live.Load().Swap("uploads.github.com", h); n != 1 || h.Get("X-Token") != real || h.Get("Authorization") != "Bearer "+sur {
+		t.Errorf("new scope: %d swaps, headers %v", n, h)
+	}
+	if got := live.Load().Env(); got[0] != "GH_TOKEN="+sur {
+		t.Errorf("the surrogate changed: %q", got)
+	}
+	for name, specs := range map[string]map[string]policy.Secret{
+		"added":   {"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{"a.example.com"}}, "NEW": {FromEnv: "X", Hosts: []string{"a.example.com"}}},
+		"removed": {},
+		"renamed": {"OTHER": {FromEnv: "REAL", Hosts: []string{"a.example.com"}}},
+	} {
+		if _, err := s.Rescope(specs); err == nil {
+			t.Errorf("%s: Rescope accepted it", name)
+		}
+	}
+	var none *Live
+	if none.Load() != nil {
+		t.Error("a nil Live holds a Set")
+	}
+	none.Store(nil)
+}
