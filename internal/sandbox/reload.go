@@ -79,7 +79,7 @@ func (s *supervisor) SetPolicy(yaml []byte, source string) error {
 		return fail(err)
 	}
 	if diff := s.pol.current.StaticDiff(p); len(diff) > 0 {
-		return fail(fmt.Errorf("the new policy changes %s, which is fixed when a sandbox starts; only network policies can change — start a new sandbox for the rest",
+		return fail(fmt.Errorf("the new policy changes %s, which is fixed when a sandbox starts; only network policies and the hosts and headers of secrets can change — start a new sandbox for the rest",
 			strings.Join(diff, ", ")))
 	}
 	if s.pol.target != nil {
