@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -323,22 +325,47 @@ func newEgress(p *policy.Policy, f runFlags, id string) (*sandbox.Egress, error)
 	return &sandbox.Egress{Engine: engine, UpstreamDNS: f.upstreamDNS, CA: authority, SystemBundle: system, UpstreamRoots: roots}, nil
 }
 
-// upstreamRoots is the host's roots plus every certificate in files.
-func upstreamRoots(files []string) (*x509.CertPool, error) {
-	roots, err := x509.SystemCertPool()
-	if err != nil {
-		roots = x509.NewCertPool()
-	}
+// upstreamRoots returns the host's roots plus every certificate in files.
+// The files are read now, so a bad one stops the run before it starts; the
+// host's roots are loaded (tens of milliseconds) only when an inspected
+// connection first needs them.
+func upstreamRoots(files []string) (func() *x509.CertPool, error) {
+	var extra []*x509.Certificate
 	for _, name := range files {
-		pem, err := os.ReadFile(name)
+		data, err := os.ReadFile(name)
 		if err != nil {
 			return nil, fmt.Errorf("--upstream-ca: %w", err)
 		}
-		if !roots.AppendCertsFromPEM(pem) {
+		found := 0
+		for rest := data; ; {
+			var block *pem.Block
+			if block, rest = pem.Decode(rest); block == nil {
+				break
+			}
+			if block.Type != "CERTIFICATE" {
+				continue
+			}
+			c, err := x509.ParseCertificate(block.Bytes)
+			if err != nil {
+				return nil, fmt.Errorf("--upstream-ca %s: %w", name, err)
+			}
+			extra = append(extra, c)
+			found++
+		}
+		if found == 0 {
 			return nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", name)
 		}
 	}
-	return roots, nil
+	return sync.OnceValue(func() *x509.CertPool {
+		roots, err := x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		for _, c := range extra {
+			roots.AddCert(c)
+		}
+		return roots
+	}), nil
 }
 
 func workloadEnv(host []string, pl *plan.Plan, uncaged bool, extra []string) []string {

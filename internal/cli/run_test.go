@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"crypto/x509"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/plan"
 )
 
@@ -43,5 +47,36 @@ func TestParseEnvFlags(t *testing.T) {
 		if _, err := parseEnvFlags(bad.set, bad.pass); err == nil {
 			t.Errorf("parseEnvFlags(%v, %v) accepted bad input", bad.set, bad.pass)
 		}
+	}
+}
+
+func TestUpstreamRoots(t *testing.T) {
+	dir := t.TempDir()
+	authority, err := ca.New("test", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "ca.pem")
+	empty := filepath.Join(dir, "empty.pem")
+	os.WriteFile(good, authority.CertPEM(), 0o644)
+	os.WriteFile(empty, []byte("not a certificate\n"), 0o644)
+	for _, bad := range []string{empty, filepath.Join(dir, "missing.pem")} {
+		if _, err := upstreamRoots([]string{bad}); err == nil || !strings.Contains(err.Error(), "--upstream-ca") {
+			t.Errorf("%s: err = %v, want an --upstream-ca error at start", bad, err)
+		}
+	}
+	roots, err := upstreamRoots([]string{good})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := authority.Leaf("api.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "api.example.com", Roots: roots()}); err != nil {
+		t.Errorf("a leaf of the --upstream-ca does not verify: %v", err)
+	}
+	if roots() != roots() {
+		t.Error("the roots are built again on each use")
 	}
 }

@@ -46,8 +46,9 @@ type Egress struct {
 	// SystemBundle is the host's CA bundle, which the sandbox's combined
 	// bundle starts with.
 	SystemBundle []byte
-	// UpstreamRoots verify upstream servers of inspected connections.
-	UpstreamRoots *x509.CertPool
+	// UpstreamRoots returns the roots that verify upstream servers of
+	// inspected connections, loading them on first use.
+	UpstreamRoots func() *x509.CertPool
 	// Secrets are swapped into inspected requests; nil for none. Their
 	// scopes reload with the policy.
 	Secrets *secrets.Live

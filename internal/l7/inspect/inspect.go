@@ -57,9 +57,12 @@ type Inspector struct {
 	// Dialer opens further upstream connections for a tunnel (the gate
 	// dialled the first), with the same SSRF checks.
 	Dialer egress.Dialer
-	// RootCAs verify upstream servers; nil means the system roots.
+	// RootCAs returns the roots upstream servers are verified against; nil
+	// (or a nil pool) means the system roots. It is called when a tunnel
+	// first needs them, since loading the system roots costs tens of
+	// milliseconds a sandbox that inspects nothing should not pay.
 	// Verification is never skipped.
-	RootCAs *x509.CertPool
+	RootCAs func() *x509.CertPool
 	Audit   *audit.Logger
 	Log     *slog.Logger
 	// IdleTimeout ends a client connection with no request in flight;

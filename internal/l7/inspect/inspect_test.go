@@ -227,7 +227,7 @@ func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 		CA:      sbCA,
 		Secrets: secrets.NewLive(c.secrets),
 		Dialer:  h.dialer,
-		RootCAs: up.pool,
+		RootCAs: func() *x509.CertPool { return up.pool },
 		Audit:   audit.New(h.audit),
 		Log:     slog.New(slog.NewTextHandler(h.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}

@@ -3,6 +3,7 @@ package inspect
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"net/http"
 	"sync"
@@ -35,7 +36,7 @@ func newUpstream(in *Inspector, t *egress.Tunnel, scheme string) *upstream {
 			}
 			return in.Dialer.Dial(ctx, t.Request, t.Decision.AllowedIPs)
 		},
-		TLSClientConfig:       &tls.Config{RootCAs: in.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSClientConfig:       &tls.Config{RootCAs: in.roots(), MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
@@ -46,6 +47,13 @@ func newUpstream(in *Inspector, t *egress.Tunnel, scheme string) *upstream {
 		DisableCompression: true,
 	}
 	return u
+}
+
+func (in *Inspector) roots() *x509.CertPool {
+	if in.RootCAs == nil {
+		return nil
+	}
+	return in.RootCAs()
 }
 
 // close drops idle upstream connections and the first one if it was
