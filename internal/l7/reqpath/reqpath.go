@@ -134,6 +134,11 @@ func Normalize(raw string, allowEncodedSlash bool) (Path, error) {
 	if trailingSlash || u.Len() == 0 {
 		u.WriteByte('/')
 	}
+	// Escaping can triple a path; what is forwarded must keep the limit
+	// too, or the upstream would refuse (or cut) what was decided.
+	if f.Len() > maxLen {
+		return Path{}, fmt.Errorf("%w: path is %d bytes once escaped, over the %d byte limit", ErrAmbiguous, f.Len(), maxLen)
+	}
 	return Path{Match: m.String(), Forward: f.String(), Unparameterised: u.String()}, nil
 }
 

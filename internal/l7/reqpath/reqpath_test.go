@@ -189,3 +189,16 @@ func TestUnparameterised(t *testing.T) {
 		}
 	}
 }
+
+// Found by FuzzNormalize: a path under the limit whose escaped form is
+// over it would be forwarded longer than any path Normalize accepts.
+func TestEscapedFormKeepsTheLimit(t *testing.T) {
+	raw := "/" + strings.Repeat("}", 3000)
+	if _, err := Normalize(raw, false); !errors.Is(err, ErrAmbiguous) {
+		t.Fatalf("Normalize(%d × \"}\"): err = %v, want ErrAmbiguous", 3000, err)
+	}
+	p, err := Normalize("/"+strings.Repeat("}", 2000), false)
+	if err != nil || len(p.Forward) != 1+3*2000 {
+		t.Fatalf("a path whose escaped form fits: %v (%d bytes)", err, len(p.Forward))
+	}
+}
