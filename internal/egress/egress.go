@@ -98,8 +98,8 @@ type Decision struct {
 	// endpoint for this destination: the connection's requests are then
 	// decided one by one (HTTPDecider) instead of being relayed as bytes.
 	Inspect bool
-	// TLS is that endpoint's tls mode: "" (detect), terminate, passthrough
-	// or skip.
+	// TLS is that endpoint's tls mode: "" (detect), terminate or
+	// passthrough (an endpoint with tls: skip is not inspected at all).
 	TLS string
 	// AllowEncodedSlash is set when one of the policy's inspected
 	// endpoints for this destination accepts %2F in paths.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 )
 
@@ -70,11 +71,43 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (*Tunnel
 	return &Tunnel{Up: up, Request: r, Decision: d}, nil
 }
 
-// Inspect hands an allowed tunnel whose decision sets Inspect to the
-// inspector. client must replay whatever the listener already read from
-// the client connection.
-func (g *Gate) Inspect(ctx context.Context, client net.Conn, t *Tunnel) {
-	g.Inspector.Inspect(ctx, client, t, g.Recheck(ctx, client, t.Request))
+// Carry moves an allowed tunnel's traffic until it ends and closes both
+// ends; every listener hands its tunnels here, so none can relay without
+// the checks. ahead holds bytes the listener already read from client (a
+// peeked opening, a request head). A tunnel whose decision asks for
+// inspection goes to the inspector. Any other is relayed as bytes, with
+// the client's opening, and every later request of a plain HTTP
+// connection, checked against the host it was allowed for (Guarded). A
+// refusal resets the client: an RST is the only reason a raw TCP client
+// can be shown.
+func (g *Gate) Carry(ctx context.Context, client net.Conn, t *Tunnel, ahead []byte, idle time.Duration) {
+	recheck := g.Recheck(ctx, client, t.Request)
+	check := func(kind, name string, err error) error {
+		derr := recheck(kind, name, err)
+		if l, ok := client.(interface{ SetLinger(int) error }); ok && derr != nil {
+			l.SetLinger(0) // the relay closes client after this error
+		}
+		return derr
+	}
+	if t.Decision.Inspect {
+		g.Inspector.Inspect(ctx, Replay(client, ahead), t, check)
+		return
+	}
+	if _, _, err := relay.Relay(Guarded(client, ahead, t.Request, check), t.Up, idle); err != nil && g.Log != nil {
+		g.Log.Debug("tunnel ended", "via", t.Request.Via, "target", t.Request.Target(), "err", err)
+	}
+}
+
+// Guarded returns client replaying ahead and, when the connection was
+// allowed for a named host, with its opening (TLS SNI, HTTP Host) and each
+// later plain HTTP request held back until check approves the name it
+// announces. A literal-address connection names no host a claim could
+// contradict.
+func Guarded(client net.Conn, ahead []byte, r Request, check func(kind, name string, err error) error) net.Conn {
+	if r.Host == "" {
+		return Replay(client, ahead)
+	}
+	return sniff.Guard(client, append([]byte(nil), ahead...), sniff.DefaultMax, sniff.DefaultTimeout, check)
 }
 
 func (g *Gate) decide(ctx context.Context, client net.Conn, r *Request) Decision {

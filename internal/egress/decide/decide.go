@@ -198,7 +198,9 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 	// requests are inspected; rules that do not report the policy's key
 	// are matched by name.
 	for _, c := range cands {
-		if c.protocol == "" || !(c.key == key || key == "" && c.name == d.Policy) {
+		// tls: skip exempts an endpoint from inspection altogether; its
+		// traffic is carried like any other allowed connection's.
+		if c.protocol == "" || c.tls == policy.TLSSkip || !(c.key == key || key == "" && c.name == d.Policy) {
 			continue
 		}
 		if !d.Inspect {

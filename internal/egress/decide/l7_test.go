@@ -34,6 +34,10 @@ func TestConnectionDecisionReportsInspection(t *testing.T) {
 	if !d.Allow || d.Inspect {
 		t.Errorf("L4 endpoint: got %+v, want allowed, not inspected", d)
 	}
+	skip := mustNew(t, hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly; ep.TLS = policy.TLSSkip })), nil)
+	if d := skip.Decide(context.Background(), byName("api.example.com", 443, curl)); !d.Allow || d.Inspect {
+		t.Errorf("tls: skip endpoint: got %+v, want allowed and carried uninspected", d)
+	}
 }
 
 func TestRequestRules(t *testing.T) {

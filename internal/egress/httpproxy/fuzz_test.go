@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 )
 
 // FuzzHandshake feeds arbitrary request heads (CONNECT and absolute-URI
@@ -26,7 +27,7 @@ func FuzzHandshake(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	s := &Server{Gate: &egress.Gate{Decider: decider{}, Dialer: &dialer{Addr: "127.0.0.1:1"}}}
+	s := &Server{Gate: &egress.Gate{Decider: egresstest.Decider{}, Dialer: &egresstest.Dialer{Addr: "127.0.0.1:1"}}}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		client, server := net.Pipe()
 		done := make(chan struct{})

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
-	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 )
 
@@ -103,30 +102,17 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, req 
 		s.refuse(c, err)
 		return
 	}
-	up := t.Up
 	c.SetWriteDeadline(time.Now().Add(replyTimeout))
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		c.Close()
-		up.Close()
+		t.Up.Close()
 		return
 	}
 	c.SetWriteDeadline(time.Time{})
 	// Bytes the client sent ahead of our 200 (a ClientHello, typically)
 	// sit in br; they go upstream first, through the same check.
 	ahead, _ := br.Peek(br.Buffered())
-	if t.Decision.Inspect {
-		s.Gate.Inspect(ctx, egress.Replay(c, ahead), t)
-		return
-	}
-	var client net.Conn = c
-	if r.Host != "" {
-		client = sniff.Guard(c, append([]byte(nil), ahead...), sniff.DefaultMax, sniff.DefaultTimeout, s.Gate.Recheck(ctx, c, r))
-	} else {
-		client = egress.Replay(c, ahead)
-	}
-	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
-		s.log().Debug("http proxy tunnel ended", "target", r.Target(), "err", err)
-	}
+	s.Gate.Carry(ctx, c, t, ahead, s.IdleTimeout)
 }
 
 // forward sends one absolute-URI request upstream in origin form and
@@ -155,7 +141,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request, raw
 	if t.Decision.Inspect {
 		// The inspector reads the request again from its raw bytes and
 		// decides it, and any that follow on the connection, one by one.
-		s.Gate.Inspect(ctx, egress.Replay(c, raw), t)
+		s.Gate.Carry(ctx, c, t, raw, s.IdleTimeout)
 		return
 	}
 	up := t.Up

@@ -21,34 +21,24 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 )
 
-// The fakes are shared with the other listeners' tests.
-type (
-	decider      = egresstest.Decider
-	dialer       = egresstest.Dialer
-	names        = egresstest.Names
-	lockedBuffer = egresstest.AuditBuffer
-)
-
-var echoAtEOF = egresstest.EchoAtEOF
-
 var synth = netip.MustParseAddr("198.18.0.1")
 
 type harness struct {
 	addr   string
-	dialer *dialer
-	audit  *lockedBuffer
+	dialer *egresstest.Dialer
+	audit  *egresstest.AuditBuffer
 }
 
 func start(t *testing.T, upstream string) *harness {
 	t.Helper()
-	h := &harness{dialer: &dialer{Addr: upstream}, audit: &lockedBuffer{}}
+	h := &harness{dialer: &egresstest.Dialer{Addr: upstream}, audit: &egresstest.AuditBuffer{}}
 	s := &Server{
 		Gate: &egress.Gate{
-			Decider: decider{"allowed.test": true, "example.com": true, "2001:db8::1": true},
+			Decider: egresstest.Decider{"allowed.test": true, "example.com": true, "2001:db8::1": true},
 			Dialer:  h.dialer,
 			Audit:   audit.New(h.audit),
 		},
-		Names: names{synth: "allowed.test"},
+		Names: egresstest.Names{synth: "allowed.test"},
 	}
 	h.addr = egresstest.Serve(t, s.Serve)
 	return h
@@ -57,7 +47,7 @@ func start(t *testing.T, upstream string) *harness {
 func (h *harness) dial(t *testing.T) *net.TCPConn { return egresstest.Dial(t, h.addr) }
 
 func TestConnectRelaysWithHalfClose(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	// The first payload byte travels with the request, as eager clients
 	// send it.
@@ -80,7 +70,7 @@ func TestConnectRelaysWithHalfClose(t *testing.T) {
 }
 
 func TestConnectTargets(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	for target, want := range map[string]egress.Request{
 		"198.18.0.1:443":    {Host: "allowed.test", Port: 443},
 		"[2001:db8::1]:443": {IP: netip.MustParseAddr("2001:db8::1"), Port: 443},
@@ -124,7 +114,7 @@ func readDeny(t *testing.T, c net.Conn, method string, status int) denyJSON {
 }
 
 func TestConnectDenied(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	io.WriteString(c, "CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n")
 	body := readDeny(t, c, http.MethodConnect, http.StatusForbidden)
@@ -157,7 +147,7 @@ func TestConnectUpstreamUnreachable(t *testing.T) {
 }
 
 func TestConnectFrontedSNI(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	io.WriteString(c, "CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
 	br := bufio.NewReader(c)
@@ -292,7 +282,7 @@ func TestForwardExpectContinue(t *testing.T) {
 }
 
 func TestForwardDenied(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	io.WriteString(c, "GET http://evil.test:8080/ HTTP/1.1\r\nHost: evil.test:8080\r\n\r\n")
 	if body := readDeny(t, c, http.MethodGet, http.StatusForbidden); body.Reason != egress.ReasonNoPolicy || body.Host != "evil.test" || body.Port != 8080 {
@@ -301,7 +291,7 @@ func TestForwardDenied(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	for _, req := range []string{
 		"GET /relative HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
 		"GET https://allowed.test/ HTTP/1.1\r\n\r\n",
@@ -333,7 +323,7 @@ func TestHeaderDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the header timeout")
 	}
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	c.SetDeadline(time.Now().Add(HeaderTimeout + 5*time.Second))
 	io.WriteString(c, "CONNECT allowed.test:443 HTTP/1.1\r\n")

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
-	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 )
 
@@ -205,24 +204,13 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 		c.Close()
 		return
 	}
-	up := tun.Up
 	if err := writeReply(c, RepSucceeded); err != nil {
 		c.Close()
-		up.Close()
+		tun.Up.Close()
 		return
 	}
 	c.SetDeadline(time.Time{})
-	if tun.Decision.Inspect {
-		s.Gate.Inspect(ctx, c, tun)
-		return
-	}
-	var client net.Conn = c
-	if r.Host != "" {
-		client = sniff.Guard(c, nil, sniff.DefaultMax, sniff.DefaultTimeout, s.Gate.Recheck(ctx, c, r))
-	}
-	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
-		s.log().Debug("socks5 tunnel ended", "target", r.Target(), "err", err)
-	}
+	s.Gate.Carry(ctx, c, tun, nil, s.IdleTimeout)
 }
 
 // refusalCode maps a gate refusal to the reply a SOCKS client can show:

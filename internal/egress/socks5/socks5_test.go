@@ -1,11 +1,13 @@
 package socks5
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/tls"
 	"encoding/binary"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"testing"
 	"time"
@@ -15,32 +17,22 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 )
 
-// The fakes are shared with the other listeners' tests.
-type (
-	decider      = egresstest.Decider
-	dialer       = egresstest.Dialer
-	names        = egresstest.Names
-	lockedBuffer = egresstest.AuditBuffer
-)
-
-var echoAtEOF = egresstest.EchoAtEOF
-
 type harness struct {
 	addr   string
-	dialer *dialer
-	audit  *lockedBuffer
+	dialer *egresstest.Dialer
+	audit  *egresstest.AuditBuffer
 }
 
 func start(t *testing.T, up string) *harness {
 	t.Helper()
-	h := &harness{dialer: &dialer{Addr: up}, audit: &lockedBuffer{}}
+	h := &harness{dialer: &egresstest.Dialer{Addr: up}, audit: &egresstest.AuditBuffer{}}
 	s := &Server{
 		Gate: &egress.Gate{
-			Decider: decider{"allowed.test": true, "203.0.113.7": true, "2001:db8::1": true},
+			Decider: egresstest.Decider{"allowed.test": true, "203.0.113.7": true, "2001:db8::1": true},
 			Dialer:  h.dialer,
 			Audit:   audit.New(h.audit),
 		},
-		Names: names{netip.MustParseAddr("198.18.0.1"): "allowed.test"},
+		Names: egresstest.Names{netip.MustParseAddr("198.18.0.1"): "allowed.test"},
 	}
 	h.addr = egresstest.Serve(t, s.Serve)
 	return h
@@ -75,7 +67,7 @@ func connect(t *testing.T, c net.Conn, req []byte) byte {
 }
 
 func TestConnectAddressTypes(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	tests := []struct {
 		name string
 		req  []byte
@@ -107,7 +99,7 @@ func TestConnectAddressTypes(t *testing.T) {
 }
 
 func TestDenied(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	for _, req := range [][]byte{
 		connectReq(atypDomain, []byte("evil.test"), 443),
 		connectReq(atypIPv4, []byte{203, 0, 113, 8}, 443),
@@ -140,7 +132,7 @@ func TestUpstreamRefused(t *testing.T) {
 }
 
 func TestUnsupported(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 
 	c := h.dial(t)
 	c.Write([]byte{5, 1, 0x02}) // username/password only
@@ -171,7 +163,7 @@ func TestUnsupported(t *testing.T) {
 }
 
 func TestFrontedSNI(t *testing.T) {
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	if code := connect(t, c, connectReq(atypDomain, []byte("allowed.test"), 443)); code != RepSucceeded {
 		t.Fatalf("reply 0x%02x", code)
@@ -189,7 +181,7 @@ func TestHandshakeDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the handshake timeout")
 	}
-	h := start(t, egresstest.Upstream(t, echoAtEOF))
+	h := start(t, egresstest.Upstream(t, egresstest.EchoAtEOF))
 	c := h.dial(t)
 	c.SetDeadline(time.Now().Add(HandshakeTimeout + 5*time.Second))
 	c.Write([]byte{5, 1})
@@ -197,5 +189,35 @@ func TestHandshakeDeadline(t *testing.T) {
 	io.ReadAll(c)
 	if d := time.Since(begin); d < HandshakeTimeout-time.Second || d > HandshakeTimeout+4*time.Second {
 		t.Fatalf("stalled client dropped after %v", d)
+	}
+}
+
+// Plain HTTP through a SOCKS5 tunnel is checked request by request, like
+// every tunnel the gate carries: a keep-alive request for another host
+// served at the same address is refused.
+func TestKeepAliveFronting(t *testing.T) {
+	rec := &egresstest.HostRecorder{}
+	h := start(t, egresstest.Upstream(t, rec.Serve))
+	c := h.dial(t)
+	if code := connect(t, c, connectReq(atypDomain, []byte("allowed.test"), 80)); code != RepSucceeded {
+		t.Fatalf("reply 0x%02x", code)
+	}
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /one HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	io.WriteString(c, "GET /two HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatalf("the fronted request got an answer: %v", resp.Status)
+	}
+	evs := h.audit.Events(t)
+	if last := evs[len(evs)-1]; last[audit.FieldEvent] != audit.NetConnectDenied || last["reason"] != egress.ReasonHostMismatch {
+		t.Fatalf("events %v", evs)
+	}
+	if hosts := rec.Hosts(); len(hosts) != 1 || hosts[0] != "allowed.test" {
+		t.Fatalf("upstream saw %v, want only the first request", hosts)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
-	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 )
@@ -96,37 +95,12 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		reset(c)
 		return
 	}
-	if t.Decision.Inspect {
-		s.Gate.Inspect(ctx, egress.Replay(c, opening), t)
-		return
-	}
-	up := t.Up
-
-	var client net.Conn = c
-	if r.Host != "" {
-		// The guard replays the opening the gate has seen (checking it is
-		// a formality) and checks what the client sends later: a first
-		// opening when it waited out Peek (a server-first protocol, or a
-		// client hoping to send a fronted name unchecked), every later
-		// request of a plain HTTP connection.
-		client = sniff.Guard(c, opening, sniff.DefaultMax, s.PeekTimeout, s.lateCheck(ctx, c, r))
-	}
-	if _, _, err := relay.Relay(client, up, s.IdleTimeout); err != nil {
-		s.log().Debug("transparent tunnel ended", "target", r.Target(), "err", err)
-	}
-}
-
-// lateCheck is the gate's Recheck, turning a refusal into an RST.
-func (s *Server) lateCheck(ctx context.Context, c *net.TCPConn, r egress.Request) func(kind, name string, err error) error {
-	check := s.Gate.Recheck(ctx, c, r)
-	return func(kind, name string, err error) error {
-		derr := check(kind, name, err)
-		if derr != nil {
-			// The relay closes c after this error; linger 0 makes that an RST.
-			c.SetLinger(0)
-		}
-		return derr
-	}
+	// The gate replays the opening it has seen (checking it again is a
+	// formality) and checks what the client sends later: a first opening
+	// when it waited out Peek (a server-first protocol, or a client hoping
+	// to send a fronted name unchecked), every later request of a plain
+	// HTTP connection.
+	s.Gate.Carry(ctx, c, t, opening, s.IdleTimeout)
 }
 
 // reset closes c with an RST so the client sees a refusal, not a clean end.

@@ -28,7 +28,6 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/relay"
-	"github.com/corral-sandbox/corral/internal/egress/sniff"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -75,12 +74,6 @@ var _ egress.Inspector = (*Inspector)(nil)
 // Inspect serves one allowed connection until it ends.
 func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) {
 	defer client.Close()
-	if t.Decision.TLS == policy.TLSSkip {
-		// Exempt from inspection, not from the connection's own checks:
-		// the listener left the opening to be checked here.
-		in.relay(guard(client, t, check), t)
-		return
-	}
 	br := bufio.NewReader(client)
 	client.SetReadDeadline(time.Now().Add(headTimeout))
 	first, err := br.Peek(1)
@@ -95,7 +88,11 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 		return
 	}
 	if t.Decision.TLS == policy.TLSPassthrough {
-		in.relay(guard(conn, t, check), t)
+		// Exempt from inspection, not from the connection's own checks:
+		// the listener left the opening to be checked here.
+		if _, _, err := relay.Relay(egress.Guarded(conn, nil, t.Request, check), t.Up, 0); err != nil {
+			in.log().Debug("uninspected tunnel ended", "target", t.Request.Target(), "err", err)
+		}
 		return
 	}
 	tc, err := in.terminate(ctx, conn, t, check)
@@ -105,22 +102,6 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 		return
 	}
 	in.serve(ctx, tc, t, "https")
-}
-
-// guard checks that the opening of a relayed tunnel (SNI, Host) names the
-// host the connection was allowed for.
-func guard(c net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) net.Conn {
-	if t.Request.Host == "" {
-		return c
-	}
-	return sniff.Guard(c, nil, sniff.DefaultMax, sniff.DefaultTimeout, check)
-}
-
-// relay carries a tunnel the endpoint exempts from inspection as bytes.
-func (in *Inspector) relay(client net.Conn, t *egress.Tunnel) {
-	if _, _, err := relay.Relay(client, t.Up, 0); err != nil {
-		in.log().Debug("uninspected tunnel ended", "target", t.Request.Target(), "err", err)
-	}
 }
 
 // terminate completes the client's TLS handshake with a leaf for the host
