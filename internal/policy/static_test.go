@@ -7,40 +7,20 @@ import (
 
 func TestStaticDiff(t *testing.T) {
 	base := "version: 1\nnetwork: {allow: [\"a.example.com:443\"]}\nlimits: {pids: 10}\n"
-	cases := []struct {
-		name, next string
-		want       []string
-	}{
+	cases := []staticCase{
 		{"network policies may change", "version: 1\nnetwork: {allow: [\"b.example.com:443\"]}\nlimits: {pids: 10}\n", nil},
 		{"limits may not", "version: 1\nnetwork: {allow: [\"a.example.com:443\"]}\nlimits: {pids: 11}\n", []string{"limits"}},
 		{"mode may not", "version: 1\nlimits: {pids: 10}\n", []string{"network.mode"}},
 		{"filesystem and seccomp may not", "version: 1\nnetwork: {allow: [\"a.example.com:443\"]}\nlimits: {pids: 10}\nseccomp: relaxed\nfilesystem_policy: {read_only: [/usr]}\n",
 			[]string{"filesystem_policy", "seccomp"}},
 	}
-	p, err := Parse([]byte(base), "base")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			q, err := Parse([]byte(tc.next), "next")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := p.StaticDiff(q); !slices.Equal(got, tc.want) {
-				t.Fatalf("StaticDiff = %v, want %v", got, tc.want)
-			}
-		})
-	}
+	requireStaticDiff(t, base, cases)
 }
 
 func TestStaticDiffSecrets(t *testing.T) {
 	const net = "version: 1\nnetwork_policies:\n  p: {endpoints: [{host: api.example.com, port: 443, protocol: rest, tls: terminate, access: full}]}\n"
 	base := net + "secrets: {T: {from_env: T, hosts: [api.example.com]}}\n"
-	cases := []struct {
-		name, next string
-		want       []string
-	}{
+	cases := []staticCase{
 		{"same secrets, defaults spelled out", net + "secrets: {T: {from_env: T, hosts: [API.example.com], headers: [authorization]}}\n", nil},
 		{"endpoints may change", net + "  q: {endpoints: [{host: b.example.com, port: 443}]}\nsecrets: {T: {from_env: T, hosts: [api.example.com]}}\n", nil},
 		{"source may not", net + "secrets: {T: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
@@ -50,6 +30,17 @@ func TestStaticDiffSecrets(t *testing.T) {
 		{"adding one may not", net + "secrets: {T: {from_env: T, hosts: [api.example.com]}, U: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
 		{"removing all may not", net, []string{"secrets"}},
 	}
+	requireStaticDiff(t, base, cases)
+}
+
+type staticCase struct {
+	name, next string
+	want       []string
+}
+
+// requireStaticDiff checks StaticDiff from base to each case's policy.
+func requireStaticDiff(t *testing.T, base string, cases []staticCase) {
+	t.Helper()
 	p, err := Parse([]byte(base), "base")
 	if err != nil {
 		t.Fatal(err)

@@ -96,19 +96,19 @@ func setup(b *testing.B) *env {
 		b.Fatal(err)
 	}
 	e.policy = filepath.Join(dir, "policy.yaml")
-	pol := fmt.Sprintf(`version: 1
-filesystem_policy:
-  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc]
-network_policies:
-  bench:
-    endpoints:
-      - {host: %s, ports: [%d, %d]}
-`, host, netlab.PortEcho, netlab.PortSource)
-	if err := os.WriteFile(e.policy, []byte(pol), 0o644); err != nil {
-		b.Fatal(err)
-	}
+	writePolicy(b, e.policy, fmt.Sprintf("{host: %s, ports: [%d, %d]}", host, netlab.PortEcho, netlab.PortSource))
 	e.lab = netlab.Start(b, netlab.Host{Name: host, Addr: hostAddr})
 	return e
+}
+
+// writePolicy writes the benchmarks' policy: the system directories and
+// one network policy with the given endpoint (a YAML flow mapping).
+func writePolicy(b *testing.B, path, endpoint string) {
+	pol := "version: 1\nfilesystem_policy:\n  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc]\n" +
+		"network_policies:\n  bench:\n    endpoints:\n      - " + endpoint + "\n"
+	if err := os.WriteFile(path, []byte(pol), 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // run runs the client inside corral (by name, captured transparently) or

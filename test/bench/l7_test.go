@@ -59,20 +59,7 @@ func setupL7(b *testing.B) *env {
 		b.Fatal(err)
 	}
 	e.policy = filepath.Join(filepath.Dir(e.policy), "l7.yaml")
-	pol := fmt.Sprintf(`version: 1
-filesystem_policy:
-  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc]
-network_policies:
-  bench:
-    endpoints:
-      - host: %s
-        port: 443
-        protocol: rest
-        rules: [{allow: {method: GET, path: /bench}}]
-`, host)
-	if err := os.WriteFile(e.policy, []byte(pol), 0o644); err != nil {
-		b.Fatal(err)
-	}
+	writePolicy(b, e.policy, fmt.Sprintf("{host: %s, port: 443, protocol: rest, rules: [{allow: {method: GET, path: /bench}}]}", host))
 	e.flags = []string{"--upstream-ca", e.lab.CAFile}
 	return e
 }

@@ -354,16 +354,8 @@ func (r *result) find(name string) []map[string]any {
 // requireEvent fails unless an event name has every field in want.
 func (r *result) requireEvent(t *testing.T, name string, want map[string]any) map[string]any {
 	t.Helper()
-	for _, e := range r.find(name) {
-		ok := true
-		for k, v := range want {
-			if fmt.Sprint(e[k]) != fmt.Sprint(v) {
-				ok = false
-			}
-		}
-		if ok {
-			return e
-		}
+	if e := findEvent(r, name, want); e != nil {
+		return e
 	}
 	t.Fatalf("no audit event %s with %v\n%s", name, want, r)
 	return nil

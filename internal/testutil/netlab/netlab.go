@@ -806,6 +806,11 @@ func sendBig(w http.ResponseWriter, r *http.Request) {
 	for i := range buf {
 		buf[i] = 'x'
 	}
+	writeN(w, buf, n)
+}
+
+// writeN writes n bytes to w, repeating buf.
+func writeN(w io.Writer, buf []byte, n int64) {
 	for n > 0 {
 		k, err := w.Write(buf[:min(int64(len(buf)), n)])
 		if err != nil {
@@ -893,14 +898,7 @@ func source(c net.Conn) {
 	if err != nil || n < 0 || n > maxSourceBytes {
 		return
 	}
-	buf := make([]byte, 256<<10)
-	for n > 0 {
-		k, err := c.Write(buf[:min(int64(len(buf)), n)])
-		if err != nil {
-			return
-		}
-		n -= int64(k)
-	}
+	writeN(c, make([]byte, 256<<10), n)
 }
 
 // echo sends banner (if any), then writes back every line it reads until EOF,
