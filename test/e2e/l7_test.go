@@ -533,15 +533,11 @@ func TestL7NoLeaks(t *testing.T) {
 		pid := p.cmd.Process.Pid
 		time.Sleep(100 * time.Millisecond)
 		base := countFDs(pid)
-		if err := os.WriteFile(filepath.Join(fx.W, "go-open"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		fx.signal(t, "go-open")
 		waitOut(t, p, "DONE ", 60*time.Second)
 		after := settledFDs(pid, base)
 		kinds := fdKinds(pid)
-		if err := os.WriteFile(filepath.Join(fx.W, "go-exit"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		fx.signal(t, "go-exit")
 		r := p.wait()
 		if !strings.Contains(r.stdout, "DONE ok=300 bad=0") || r.code != 0 {
 			t.Fatalf("the requests did not all get their answer\n%s", r)
@@ -609,9 +605,7 @@ secrets:
 		if code, out := corralCLI(t, m, "policy", "set", "--state-dir", fx.state, "--sandbox", id, next); code != 0 {
 			t.Fatalf("reload failed (exit %d):\n%s", code, out)
 		}
-		if err := os.WriteFile(filepath.Join(fx.W, "go-after"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		fx.signal(t, "go-after")
 		r := p.wait()
 		if r.code != 0 {
 			t.Fatalf("the script failed\n%s", r)

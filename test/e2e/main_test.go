@@ -284,6 +284,15 @@ func (fx *fixture) expand(args []string) []string {
 	return out
 }
 
+// signal creates the file name in the workdir: scripts in the sandbox
+// wait for such files to move to their next step.
+func (fx *fixture) signal(t *testing.T, name string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(fx.W, name), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // writePolicy stores a policy file readable by the mode's user.
 func (fx *fixture) writePolicy(t *testing.T, yaml string) string {
 	t.Helper()

@@ -1120,21 +1120,15 @@ func TestNetwork(t *testing.T) {
 				}
 				time.Sleep(100 * time.Millisecond)
 				base := countFDs(pid)
-				if err := os.WriteFile(filepath.Join(fx.W, "go-open"), nil, 0o644); err != nil {
-					t.Fatal(err)
-				}
+				fx.signal(t, "go-open")
 				waitOut(t, p, "TUNNELS ", 60*time.Second)
 				during := countFDs(pid)
 				t.Logf("supervisor fds with the tunnels open: %v", fdKinds(pid))
-				if err := os.WriteFile(filepath.Join(fx.W, "go-close"), nil, 0o644); err != nil {
-					t.Fatal(err)
-				}
+				fx.signal(t, "go-close")
 				waitOut(t, p, "CLOSED", 15*time.Second)
 				after := settledFDs(pid, base)
 				afterKinds := fdKinds(pid)
-				if err := os.WriteFile(filepath.Join(fx.W, "go-exit"), nil, 0o644); err != nil {
-					t.Fatal(err)
-				}
+				fx.signal(t, "go-exit")
 				r := p.wait()
 				t.Logf("supervisor fds: before %d, with %d tunnels open %d, after closing %d", base, N, during, after)
 				if !strings.Contains(r.stdout, fmt.Sprintf("TUNNELS ok=%d failed=0 pending=0 open=%d", N, N)) {

@@ -94,7 +94,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 // decided.
 func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, egress.HTTPDecision) {
 	r := h.t.Request
-	hr := egress.HTTPRequest{Method: strings.ToUpper(req.Method), Path: req.URL.EscapedPath()}
+	raw := req.URL.EscapedPath()
+	hr := egress.HTTPRequest{Method: strings.ToUpper(req.Method), Path: raw}
 	// After a 101 the connection is relayed as bytes; only WebSocket is a
 	// protocol whose use the rule on the upgrade request stands for (an
 	// h2c or custom upgrade would carry requests no rule ever sees).
@@ -108,7 +109,7 @@ func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, e
 				Detail: fmt.Sprintf("the request names host %s on a connection to %s", host, r.Host)}
 		}
 	}
-	p, err := reqpath.Normalize(req.URL.EscapedPath(), h.allowEncodedSlash())
+	p, err := reqpath.Normalize(raw, h.t.Decision.AllowEncodedSlash)
 	if err != nil {
 		return hr, p, egress.HTTPDecision{Reason: egress.ReasonL7BadPath, Detail: err.Error()}
 	}
@@ -128,9 +129,6 @@ func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, e
 	}
 	return hr, p, d
 }
-
-// allowEncodedSlash is the connection decision's endpoint setting.
-func (h *handler) allowEncodedSlash() bool { return h.t.Decision.AllowEncodedSlash }
 
 func hostOnly(hostport string) string {
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
