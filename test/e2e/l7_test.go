@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -197,6 +199,13 @@ for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\0' '\n' < "$f" 2>/de
 env
 cat /run/corral/ca.pem >/dev/null && echo "CA_READABLE"
 
+sec ca_key
+grep -l "PRIVATE KEY" /run/corral/* /etc/ssl/certs/ca-certificates.crt 2>/dev/null; echo "KEYFILES_DONE"
+for f in /run/corral/ca-bundle.pem /run/corral/ca.pem /etc/ssl/certs/ca-certificates.crt; do
+  if echo "-----BEGIN CERTIFICATE-----" >> "$f" 2>/dev/null; then echo "TAMPERED $f"; fi
+done
+if touch /run/corral/evil.pem 2>/dev/null; then echo "TAMPERED /run/corral"; fi
+
 echo
 echo "=== end"
 `
@@ -381,6 +390,20 @@ func TestL7Inspection(t *testing.T) {
 		checkAuth("/repos/secret-plain"+P, "Bearer "+sur)
 		httpEvent(map[string]any{"path": "/repos/secret-bearer" + P, "masked": 1})
 		n.has("secret_visible", `(?m)^LEAK=x`+regexp.QuoteMeta(sur)+`$`)
+
+		// The CA's key is in no file the sandbox sees, nor in corral's
+		// state on the host, and the trust the workload is given cannot
+		// be extended from inside.
+		n.has("ca_key", `^KEYFILES_DONE\n\s*$`)
+		n.hasNot("ca_key", `TAMPERED`)
+		filepath.WalkDir(fx.state, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, []byte("PRIVATE KEY")) {
+					t.Errorf("a private key is on disk in corral's state: %s", path)
+				}
+			}
+			return nil
+		})
 		n.hasNot("secret_visible", `(?m)^CORRAL_TEST_GH_TOKEN=`)
 		n.has("secret_visible", `CA_READABLE`)
 

@@ -1,6 +1,7 @@
 package inspect_test
 
 import (
+	"crypto/x509"
 	"net/http"
 	"strings"
 	"testing"
@@ -62,5 +63,21 @@ func TestNonWebSocketUpgradeRefused(t *testing.T) {
 		if s.Header.Get("Upgrade") != "" {
 			t.Errorf("the upstream saw an upgrade request: %+v", s)
 		}
+	}
+}
+
+// Upstream certificates are always verified: with roots that do not
+// include the upstream's CA, the request fails with a 502 and never
+// reaches it, whatever the client trusts.
+func TestUntrustedUpstreamRefused(t *testing.T) {
+	up := newUpstream(t)
+	h := newHarness(t, up, config{policy: restPolicy(rest(apiHost, 443, func(ep *policy.Endpoint) { ep.Access = policy.AccessFull }))})
+	h.in.RootCAs = func() *x509.CertPool { return x509.NewCertPool() }
+	r := do(t, h.client(false), "GET", h.url("/x"), nil, "")
+	if r.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502 from an upstream corral cannot verify", r.StatusCode)
+	}
+	if got := up.uris(); len(got) != 0 {
+		t.Errorf("the unverified upstream received %q", got)
 	}
 }
