@@ -65,10 +65,12 @@ func verdict(what string, err error) int {
 
 type attackFunc func(args []string) int
 
-var attacks map[string]attackFunc
+// attacks is filled by init functions: this file's and those of the files
+// beside it that add a class of attacks (each registers its own names).
+var attacks = map[string]attackFunc{}
 
 func init() {
-	attacks = map[string]attackFunc{
+	for name, f := range map[string]attackFunc{
 		// Helpers that are not attacks but let the test drive the sandbox.
 		"exit":        cmdExit,
 		"raise":       cmdRaise,
@@ -161,6 +163,8 @@ func init() {
 			unix.Close(int(r))
 			return escaped("socket(1<<32|AF_NETLINK) succeeded")
 		},
+	} {
+		attacks[name] = f
 	}
 }
 
