@@ -27,6 +27,9 @@ type Gate struct {
 	Inspector Inspector
 	Audit     *audit.Logger
 	Log       *slog.Logger
+	// Admission bounds the connections the gate's listeners hold at once;
+	// nil bounds nothing.
+	Admission *Admission
 }
 
 // Tunnel is an allowed connection.

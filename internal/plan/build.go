@@ -229,9 +229,12 @@ func (b *builder) mounts() error {
 		}
 	}
 
+	// Each writable tmpfs may hold at most the memory limit, so it is
+	// bounded even where no cgroup charges its pages to the sandbox.
+	size := b.p.Limits.MemoryBytes()
 	mounts := []Mount{
 		{Kind: KindProc, Target: "/proc", Why: "fresh procfs for the sandbox's pid namespace"},
-		{Kind: KindDev, Target: "/dev", Why: "minimal devices: null zero full random urandom tty, private pts and shm"},
+		{Kind: KindDev, Target: "/dev", SizeBytes: size, Why: "minimal devices: null zero full random urandom tty, private pts and shm"},
 	}
 	targets := map[string]bool{}
 	for _, bd := range binds {
@@ -266,10 +269,10 @@ func (b *builder) mounts() error {
 	}
 	u := b.pl.User
 	if !targets["/tmp"] {
-		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: "/tmp", Mode: 0o1777, Why: "private /tmp"})
+		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: "/tmp", SizeBytes: size, Mode: 0o1777, Why: "private /tmp"})
 	}
 	if !underAny(u.Home, targets) && !under(u.Home, []string{"/tmp"}) {
-		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: u.Home, Mode: 0o700, UID: u.UID, GID: u.GID,
+		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: u.Home, SizeBytes: size, Mode: 0o700, UID: u.UID, GID: u.GID,
 			Why: "private, empty home directory"})
 	}
 	if st := b.p.State; st != policy.StateNone {
@@ -421,6 +424,12 @@ func (b *builder) seccomp() error {
 	return nil
 }
 
+// TunnelIdle closes a proxied connection that carried nothing either way
+// for this long, so forgotten connections do not hold the supervisor's
+// descriptors for the sandbox's whole life. Long enough for an idle
+// interactive session; clients that stay connected longer send keep-alives.
+const TunnelIdle = 15 * time.Minute
+
 func (b *builder) limits() error {
 	pl := b.p.Limits
 	l := Limits{
@@ -437,6 +446,14 @@ func (b *builder) limits() error {
 			l.NotEnforced = append(l.NotEnforced, line)
 			b.warn("limit %s", line)
 		}
+	}
+	if l.MemoryBytes > 0 {
+		l.Enforcement = append(l.Enforcement, fmt.Sprintf("tmpfs /tmp, home, /dev/shm → size=%s each, with or without cgroups", formatBytes(l.MemoryBytes)))
+	}
+	if b.pl.Network.Capture != nil {
+		l.Connections = int64(pl.ConnectionsMax())
+		l.TunnelIdleMS = TunnelIdle.Milliseconds()
+		l.Enforcement = append(l.Enforcement, fmt.Sprintf("connections %d → supervisor: more at once are refused (HTTP 429, SOCKS5 general failure, TCP reset); a tunnel idle for %s is closed", l.Connections, strings.TrimSuffix(TunnelIdle.String(), "0s")))
 	}
 	if w := pl.WalltimeDuration(); w > 0 {
 		l.Enforcement = append(l.Enforcement, fmt.Sprintf("walltime %s → watchdog: SIGTERM, %s grace, SIGKILL, exit 124", w, 5*time.Second))

@@ -31,6 +31,17 @@ func (p *Plan) Summary(id string) string {
 		p.Seccomp.Profile, p.Landlock.ABI, p.User.UID, p.User.GID)
 }
 
+// sizeOpt shows a tmpfs's size cap, or for /dev its /dev/shm's.
+func sizeOpt(m Mount) string {
+	switch {
+	case m.SizeBytes == 0:
+		return ""
+	case m.Kind == KindDev:
+		return " shm size=" + formatBytes(m.SizeBytes)
+	}
+	return " size=" + formatBytes(m.SizeBytes)
+}
+
 func orNone(ok bool, s string) string {
 	if ok {
 		return s
@@ -82,9 +93,9 @@ func (p *Plan) WriteText(w io.Writer) error {
 			}
 			ew.printf("  %2d. bind  %s %s%s nosuid,nodev  (%s)\n", i+1, access, m.Target, src, m.Why)
 		case KindTmpfs:
-			ew.printf("  %2d. tmpfs rw %s mode=%04o uid=%d  (%s)\n", i+1, m.Target, m.Mode, m.UID, m.Why)
+			ew.printf("  %2d. tmpfs rw %s mode=%04o uid=%d%s  (%s)\n", i+1, m.Target, m.Mode, m.UID, sizeOpt(m), m.Why)
 		default:
-			ew.printf("  %2d. %-5s %s  (%s)\n", i+1, m.Kind, m.Target, m.Why)
+			ew.printf("  %2d. %-5s %s%s  (%s)\n", i+1, m.Kind, m.Target, sizeOpt(m), m.Why)
 		}
 	}
 	ew.printf("  then pivot_root into the new root, detach the host's, make / read-only\n")

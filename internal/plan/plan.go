@@ -61,6 +61,10 @@ type Mount struct {
 	Source   string `json:"source,omitempty"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"read_only"`
+	// SizeBytes caps a tmpfs (for dev: its /dev/shm); 0 is the kernel's
+	// default of half the host's RAM. tmpfs pages are memory, and only a
+	// cgroup would otherwise charge them to the sandbox.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
 	// Mode and owner for tmpfs roots (private /tmp, private home).
 	Mode uint32 `json:"mode,omitempty"`
 	UID  uint32 `json:"uid,omitempty"`
@@ -106,6 +110,11 @@ type Limits struct {
 	Pids        int64   `json:"pids"`
 	CPUCores    float64 `json:"cpu_cores"`
 	WalltimeMS  int64   `json:"walltime_ms"`
+	// Connections and TunnelIdleMS bound proxy mode's tunnels (0 when
+	// there is no proxy): how many at once, and how long one may carry
+	// nothing either way before it is closed.
+	Connections  int64 `json:"connections,omitempty"`
+	TunnelIdleMS int64 `json:"tunnel_idle_ms,omitempty"`
 	// Enforcement says per limit how this host enforces it.
 	Enforcement []string `json:"enforcement"`
 	// Enforced is false when no cgroup can be created here.

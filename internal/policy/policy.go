@@ -56,6 +56,14 @@ const (
 	MaxPids = 4194304
 	// MaxCPU is the largest CPU quota in cores.
 	MaxCPU = 1024
+	// DefaultConnections is limits.connections when the policy gives none:
+	// far above what an agent's tools open at once, far below what would
+	// exhaust the supervisor's descriptors.
+	DefaultConnections = 1024
+	// MaxConnections bounds limits.connections: each costs the supervisor
+	// two descriptors and a few KiB, and 65536 is more than one source
+	// address has ports.
+	MaxConnections = 65536
 	// MinWalltime keeps a typo like "10ms" from killing the agent instantly.
 	MinWalltime = time.Second
 	// DefaultAllowPort is the port a network.allow entry gets when it has none.
@@ -165,10 +173,11 @@ type Network struct {
 // Limits are resource limits. Pids and CPU are pointers so that an explicit
 // 0 is rejected instead of silently meaning "unlimited".
 type Limits struct {
-	Memory   string   `yaml:"memory,omitempty" json:"memory,omitempty" jsonschema:"pattern=^ *[0-9.]+ *([kKmMgGtT]([iI]?[bB])?|[bB])? *$,example=512MiB,example=4GiB" jsonschema_description:"Memory limit: a number with an optional unit B/KiB/MiB/GiB/TiB (or k/m/g/t) or KB/MB/GB/TB. At least 16MiB."`
-	Pids     *int     `yaml:"pids,omitempty" json:"pids,omitempty" jsonschema:"minimum=1,maximum=4194304" jsonschema_description:"Maximum number of processes and threads."`
-	CPU      *float64 `yaml:"cpu,omitempty" json:"cpu,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1024" jsonschema_description:"CPU quota in cores; 1.5 means one and a half cores."`
-	Walltime string   `yaml:"walltime,omitempty" json:"walltime,omitempty" jsonschema:"example=10m,example=2h" jsonschema_description:"Wall-clock limit as a Go duration (e.g. 90s or 2h). At least 1s."`
+	Memory      string   `yaml:"memory,omitempty" json:"memory,omitempty" jsonschema:"pattern=^ *[0-9.]+ *([kKmMgGtT]([iI]?[bB])?|[bB])? *$,example=512MiB,example=4GiB" jsonschema_description:"Memory limit: a number with an optional unit B/KiB/MiB/GiB/TiB (or k/m/g/t) or KB/MB/GB/TB. At least 16MiB."`
+	Pids        *int     `yaml:"pids,omitempty" json:"pids,omitempty" jsonschema:"minimum=1,maximum=4194304" jsonschema_description:"Maximum number of processes and threads."`
+	CPU         *float64 `yaml:"cpu,omitempty" json:"cpu,omitempty" jsonschema:"exclusiveMinimum=0,maximum=1024" jsonschema_description:"CPU quota in cores; 1.5 means one and a half cores."`
+	Walltime    string   `yaml:"walltime,omitempty" json:"walltime,omitempty" jsonschema:"example=10m,example=2h" jsonschema_description:"Wall-clock limit as a Go duration (e.g. 90s or 2h). At least 1s."`
+	Connections *int     `yaml:"connections,omitempty" json:"connections,omitempty" jsonschema:"minimum=1,maximum=65536,default=1024" jsonschema_description:"Proxy mode: most connections the sandbox may hold through corral at once; more are refused (HTTP 429, SOCKS5 general failure, TCP reset). Default 1024."`
 }
 
 // MemoryBytes returns the memory limit in bytes, or 0 when unset or invalid.
@@ -201,6 +210,15 @@ func (l Limits) PidsMax() int {
 		return 0
 	}
 	return *l.Pids
+}
+
+// ConnectionsMax returns the connection limit, DefaultConnections when
+// unset.
+func (l Limits) ConnectionsMax() int {
+	if l.Connections == nil {
+		return DefaultConnections
+	}
+	return *l.Connections
 }
 
 // CPUCores returns the CPU quota in cores, or 0 when unset.

@@ -217,14 +217,7 @@ func checkLimits(p *Policy, r *report) {
 			r.errorf("limits.memory", `raise it to at least "16MiB"`, "%q is below the minimum of 16 MiB", l.Memory)
 		}
 	}
-	if l.Pids != nil {
-		switch n := *l.Pids; {
-		case n < 1:
-			r.errorf("limits.pids", "allow at least 1 process, or remove the limit", "%d is below 1", n)
-		case n > MaxPids:
-			r.errorf("limits.pids", "use at most 4194304", "%d exceeds the kernel maximum of %d", n, MaxPids)
-		}
-	}
+	checkCount(r, "limits.pids", l.Pids, MaxPids, "allow at least 1 process, or remove the limit", "the kernel maximum")
 	if l.CPU != nil {
 		switch c := *l.CPU; {
 		case math.IsNaN(c) || c <= 0:
@@ -233,6 +226,8 @@ func checkLimits(p *Policy, r *report) {
 			r.errorf("limits.cpu", "use at most 1024", "%v cores exceed the maximum of %d", c, MaxCPU)
 		}
 	}
+	checkCount(r, "limits.connections", l.Connections, MaxConnections,
+		"allow at least 1 connection, or remove the limit for the default of 1024", "the maximum")
 	if l.Walltime != "" {
 		d, err := time.ParseDuration(l.Walltime)
 		switch {
@@ -241,6 +236,17 @@ func checkLimits(p *Policy, r *report) {
 		case d < MinWalltime:
 			r.errorf("limits.walltime", `use at least "1s"`, "%q is shorter than 1s", l.Walltime)
 		}
+	}
+}
+
+// checkCount checks an optional count that must lie in 1..most.
+func checkCount(r *report, field string, n *int, most int, atLeastOne, mostName string) {
+	switch {
+	case n == nil:
+	case *n < 1:
+		r.errorf(field, atLeastOne, "%d is below 1", *n)
+	case *n > most:
+		r.errorf(field, fmt.Sprintf("use at most %d", most), "%d exceeds %s of %d", *n, mostName, most)
 	}
 }
 

@@ -102,6 +102,10 @@ func TestValidationRules(t *testing.T) {
 			`limits.pids: 0 is below 1 — allow at least 1 process, or remove the limit`}},
 		{"pids huge", "version: 1\nlimits: {pids: 5000000}\n", []string{
 			`limits.pids: 5000000 exceeds the kernel maximum of 4194304 — use at most 4194304`}},
+		{"connections zero", "version: 1\nlimits: {connections: 0}\n", []string{
+			`limits.connections: 0 is below 1 — allow at least 1 connection, or remove the limit for the default of 1024`}},
+		{"connections huge", "version: 1\nlimits: {connections: 70000}\n", []string{
+			`limits.connections: 70000 exceeds the maximum of 65536 — use at most 65536`}},
 		{"cpu zero", "version: 1\nlimits: {cpu: 0}\n", []string{
 			`limits.cpu: 0 is not greater than 0 — give a number of cores such as 1 or 0.5, or remove the limit`}},
 		{"cpu nan", "version: 1\nlimits: {cpu: .nan}\n", []string{
@@ -293,7 +297,7 @@ func TestValidPolicies(t *testing.T) {
 		"version: 1\nprocess: {run_as_user: \"1000\", run_as_group: users}\n",
 		"version: 1\nprocess: {run_as_user: 4294967294, run_as_group: build$}\n",
 		"version: 1\nfilesystem_policy: {read_only: [/], read_write: [/tmp/x]}\n",
-		"version: 1\nlimits: {memory: 16MiB, pids: 1, cpu: 0.5, walltime: 1s}\n",
+		"version: 1\nlimits: {memory: 16MiB, pids: 1, cpu: 0.5, walltime: 1s, connections: 1}\n",
 		"version: 1\nnetwork: {mode: proxy}\n",
 		"version: 1\nnetwork: {allow: [api.github.com, '*.pypi.org', '**.example.org:80', 'api-*.example.com', 10.1.0.0/16:5432, '[2001:db8::/32]:443']}\n",
 		endpointPolicy("host: API.GitHub.com\nport: 443\nprotocol: rest\ntls: terminate\nenforcement: audit\naccess: read-only"),

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/dialer"
@@ -134,11 +135,15 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 		},
 		Audit: s.Audit,
 		Log:   s.Log,
+		// One admission for all listeners: the limit is the sandbox's, and
+		// descriptors are the supervisor's, whichever listener spends them.
+		Admission: egress.NewAdmission(int(s.Plan.Limits.Connections), s.Audit, s.Log),
 	}
 	resolver := &dns.Server{Decider: s.Egress.Engine, Audit: s.Audit, Log: s.Log, Pool: pool}
-	tp := &transparent.Server{Gate: gate, Names: pool, Log: s.Log}
-	hp := &httpproxy.Server{Gate: gate, Names: pool, Log: s.Log}
-	sp := &socks5.Server{Gate: gate, Names: pool, Log: s.Log}
+	idle := time.Duration(s.Plan.Limits.TunnelIdleMS) * time.Millisecond
+	tp := &transparent.Server{Gate: gate, Names: pool, Log: s.Log, IdleTimeout: idle}
+	hp := &httpproxy.Server{Gate: gate, Names: pool, Log: s.Log, IdleTimeout: idle}
+	sp := &socks5.Server{Gate: gate, Names: pool, Log: s.Log, IdleTimeout: idle}
 
 	serve := func(what string, f *os.File, run func(net.Listener) error) error {
 		if f == nil {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,8 +42,11 @@ const Grace = 5 * time.Second
 const (
 	ReasonWalltime = "walltime_exceeded"
 	ReasonOOM      = "oom"
-	ReasonSeccomp  = "seccomp"
-	ReasonSignal   = "signal"
+	// ReasonSocketMemory: the workload's TCP socket buffers went too far
+	// past their cgroup v1 limit (see watchSocketMemory).
+	ReasonSocketMemory = "socket_memory"
+	ReasonSeccomp      = "seccomp"
+	ReasonSignal       = "signal"
 )
 
 // Options describe one run.
@@ -96,6 +100,9 @@ type supervisor struct {
 	cmd   *exec.Cmd
 	pol   policyState
 	sigs  <-chan os.Signal
+	// socketKill holds the bytes over the limit when watchSocketMemory
+	// killed the sandbox; 0 otherwise.
+	socketKill atomic.Int64
 }
 
 func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
@@ -183,6 +190,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		if err := s.cg.AddProc(s.cmd.Process.Pid); err != nil {
 			return ExitSetupFailed, fmt.Errorf("move sandbox into its cgroup: %w", err)
 		}
+		go s.watchSocketMemory(done)
 	}
 	// The control socket is up before the workload runs, so a policy
 	// update or a ps never finds a running sandbox without one.
@@ -362,6 +370,8 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 	switch {
 	case timedOut:
 		reason, code = ReasonWalltime, ExitWalltime
+	case s.socketKill.Load() > 0:
+		reason = ReasonSocketMemory
 	case s.cg != nil && s.oomKilled():
 		reason = ReasonOOM
 	case sig == int(unix.SIGSYS):
@@ -379,6 +389,46 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 	}
 	s.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(s.start).Milliseconds())
 	return code
+}
+
+// socketPoll is how often watchSocketMemory looks; loopback fills buffers
+// at a few GiB/s, so this bounds the overshoot to a few hundred MiB at most
+// and usually far less.
+const socketPoll = 50 * time.Millisecond
+
+// watchSocketMemory kills the sandbox when its TCP buffers exceed their
+// cgroup v1 limit by more than a quarter of it. The kernel overdraws the
+// limit by one buffer per socket (up to 64 KiB on loopback), which a normal
+// program under pressure does a little, and a workload with thousands of
+// unread connections does without bound; v1 has no OOM killer for it.
+func (s *supervisor) watchSocketMemory(done <-chan struct{}) {
+	tolerance := s.Plan.Limits.MemoryBytes / 4
+	if tolerance == 0 {
+		return
+	}
+	t := time.NewTicker(socketPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		over, err := s.cg.TCPOverLimit()
+		if err != nil {
+			s.Log.Warn("read socket memory of sandbox cgroup", "err", err)
+			return
+		}
+		if over <= tolerance {
+			continue
+		}
+		s.socketKill.Store(over)
+		s.Log.Warn("sandbox killed: TCP socket buffers over the memory limit", "over_bytes", over, "limit_bytes", s.Plan.Limits.MemoryBytes)
+		if err := s.cg.Kill(); err != nil {
+			s.Log.Warn("kill sandbox cgroup", "err", err)
+		}
+		return
+	}
 }
 
 func (s *supervisor) oomKilled() bool {

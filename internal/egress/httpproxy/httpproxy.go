@@ -47,7 +47,33 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("httpproxy: no gate")
 	}
-	return egress.Serve(ctx, l, s.log(), "http proxy", s.handle)
+	return egress.Serve(ctx, l, s.log(), "http_proxy", s.Gate.Admission, s.handle, s.refuseBusy)
+}
+
+// busyHeadTimeout bounds reading the head of a request that is refused
+// anyway: refusing must not hold a descriptor for long.
+const busyHeadTimeout = 2 * time.Second
+
+// refuseBusy answers a connection over the sandbox's limits: 429 when the
+// workload holds limits.connections already (its own doing; closing idle
+// connections helps), 503 when the supervisor is short of descriptors.
+// The head is read first so the client is reading when the answer comes.
+func (s *Server) refuseBusy(c net.Conn, why string) {
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(busyHeadTimeout))
+	if _, err := http.ReadRequest(bufio.NewReader(io.LimitReader(c, MaxHeaderBytes))); err != nil {
+		egress.Reset(c)
+		return
+	}
+	status := http.StatusTooManyRequests
+	body := denyBody{Error: "too many connections from this sandbox", Reason: why,
+		NextSteps: "close idle connections and retry, or ask the operator to raise limits.connections in the policy"}
+	if why == egress.ReasonFDReserve {
+		status = http.StatusServiceUnavailable
+		body.Error = "corral is short of file descriptors"
+		body.NextSteps = "retry later; the sandbox holds too many connections for the supervisor's RLIMIT_NOFILE"
+	}
+	s.writeJSON(c, status, why, body)
 }
 
 func (s *Server) handle(ctx context.Context, c net.Conn) {
@@ -313,10 +339,15 @@ func (s *Server) refuse(c net.Conn, err error) {
 		body.NextSteps = "ask the operator to add an endpoint for " + r.Target() +
 			" to a network policy that lists this binary; denied requests are logged and can be approved with corral policy set"
 	}
+	s.writeJSON(c, status, d.Reason, body)
+}
+
+// writeJSON writes a refusal with its JSON body.
+func (s *Server) writeJSON(c net.Conn, status int, reason string, body denyBody) {
 	js, _ := json.Marshal(body)
 	c.SetWriteDeadline(time.Now().Add(replyTimeout))
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nX-Corral-Policy: deny; reason=%s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		status, http.StatusText(status), d.Reason, len(js), js)
+		status, http.StatusText(status), reason, len(js), js)
 }
 
 func (s *Server) replyError(c net.Conn, status int, msg string) {

@@ -63,7 +63,23 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("socks5: no gate")
 	}
-	return egress.Serve(ctx, l, s.log(), "socks5", s.handle)
+	return egress.Serve(ctx, l, s.log(), egress.ViaSOCKS5, s.Gate.Admission, s.handle, refuse)
+}
+
+// refuseTimeout bounds reading the request of a connection that is refused
+// anyway: a slot for refusing is scarce, and a client that dawdles gets
+// its reset instead of its reply.
+const refuseTimeout = 2 * time.Second
+
+// refuse answers a connection over the sandbox's limits with a general
+// failure once the client has said what it wants, so it sees a SOCKS
+// reply rather than a dropped connection.
+func refuse(c net.Conn, _ string) {
+	c.SetDeadline(time.Now().Add(refuseTimeout))
+	if _, err := handshake(c); err == nil || errors.As(err, new(*replyError)) {
+		writeReply(c, RepGeneralFailure)
+	}
+	c.Close()
 }
 
 // target is what a CONNECT request names: a host or an address, and a port.

@@ -37,8 +37,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("transparent: no gate")
 	}
-	return egress.Serve(ctx, l, s.log(), "transparent", s.handle)
+	return egress.Serve(ctx, l, s.log(), egress.ViaTransparent, s.Gate.Admission, s.handle, refuse)
 }
+
+// refuse answers a connection over the sandbox's limits with the only
+// refusal raw TCP has.
+func refuse(c net.Conn, _ string) { egress.Reset(c) }
 
 func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	c, ok := conn.(*net.TCPConn)
@@ -58,7 +62,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		// Without a destination there is nothing to decide on; this is a
 		// direct connection to the listener or broken capture rules.
 		s.log().Warn("transparent connection without original destination", "source", c.RemoteAddr().String(), "err", err)
-		reset(c)
+		egress.Reset(c)
 		return
 	}
 	r := egress.Request{Port: dst.Port(), Via: egress.ViaTransparent, Source: remoteAddrPort(c)}
@@ -80,7 +84,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		kind, name, opening, err = sniff.Peek(c, sniff.DefaultMax, s.PeekTimeout)
 		if err != nil && !errors.Is(err, sniff.ErrMalformed) {
 			s.log().Debug("transparent client failed before deciding", "source", r.Source.String(), "err", err)
-			reset(c)
+			egress.Reset(c)
 			return
 		}
 		if claim := sniff.Claim(kind, name, err); claim != "" {
@@ -92,7 +96,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	if err != nil {
 		// The gate has recorded the refusal; an RST is the only reason a
 		// raw TCP client can be shown.
-		reset(c)
+		egress.Reset(c)
 		return
 	}
 	// The gate replays the opening it has seen (checking it again is a
@@ -101,12 +105,6 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	// to send a fronted name unchecked), every later request of a plain
 	// HTTP connection.
 	s.Gate.Carry(ctx, c, t, opening, s.IdleTimeout)
-}
-
-// reset closes c with an RST so the client sees a refusal, not a clean end.
-func reset(c *net.TCPConn) {
-	c.SetLinger(0)
-	c.Close()
 }
 
 func remoteAddrPort(c net.Conn) netip.AddrPort {

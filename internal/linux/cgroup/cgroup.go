@@ -94,27 +94,54 @@ func Plan(f Facts, l Limits) []string {
 	if err := l.Validate(); err != nil {
 		return []string{"limits → INVALID: " + err.Error()}
 	}
-	out := make([]string, 0, len(items))
+	out := make([]string, 0, len(items)+1)
 	for _, it := range items {
 		if !l.needs(it.ctrl) {
 			out = append(out, it.ctrl+" → not limited")
 			continue
 		}
-		if !f.Writable {
-			out = append(out, it.what+" → "+NotEnforced+": "+orDefault(f.Reason, "cgroups are not writable"))
-			continue
-		}
-		if !slices.Contains(f.Controllers, it.ctrl) {
-			why := "no usable " + it.ctrl + " controller"
-			if f.Reason != "" {
-				why += " (" + f.Reason + ")"
-			}
+		why := f.unusable(it.ctrl)
+		if why == "" {
+			out = append(out, it.what+" → "+howEnforced(f.isV2(it.ctrl), it.ctrl, l))
+		} else {
 			out = append(out, it.what+" → "+NotEnforced+": "+why)
-			continue
 		}
-		out = append(out, it.what+" → "+howEnforced(f.isV2(it.ctrl), it.ctrl, l))
+		if it.ctrl == Memory {
+			out = append(out, socketPlan(f, l, why))
+		}
 	}
 	return out
+}
+
+// unusable says why controller c cannot enforce a limit, or "".
+func (f Facts) unusable(c string) string {
+	switch {
+	case !f.Writable:
+		return orDefault(f.Reason, "cgroups are not writable")
+	case !slices.Contains(f.Controllers, c):
+		why := "no usable " + c + " controller"
+		if f.Reason != "" {
+			why += " (" + f.Reason + ")"
+		}
+		return why
+	}
+	return ""
+}
+
+// socketPlan is the line for the memory limit's hold on socket buffers,
+// which the kernel fills for a workload that merely stops reading; it gets
+// its own line because a host can bound memory and still not them.
+func socketPlan(f Facts, l Limits, memWhy string) string {
+	what := "socket buffers " + formatBytes(l.MemoryBytes)
+	switch {
+	case memWhy != "":
+		return what + " → " + NotEnforced + ": no memory cgroup (" + memWhy + ")"
+	case f.NoSocketMemory != "":
+		return what + " → " + NotEnforced + ": " + f.NoSocketMemory
+	case f.isV2(Memory):
+		return what + " → charged to cgroup v2 memory.max with the rest of the sandbox's memory"
+	}
+	return what + " → cgroup v1 " + tcpLimitFile + " for TCP, counted apart from memory.limit_in_bytes (so TCP buffers can add as much again); unix socket buffers count in memory.limit_in_bytes"
 }
 
 func howEnforced(v2 bool, ctrl string, l Limits) string {
@@ -285,6 +312,11 @@ func (cg *Cgroup) make(g groupDir, l Limits) error {
 	return nil
 }
 
+// tcpLimitFile is cgroup v1's only limit on TCP socket buffers; v1 charges
+// them nowhere else, so without it a workload that leaves its own loopback
+// connections unread holds any amount of kernel memory.
+const tcpLimitFile = "memory.kmem.tcp.limit_in_bytes"
+
 // setMemoryV1 writes the RAM limit before the RAM+swap one because the
 // kernel requires memsw >= limit at every step, and a fresh group starts with
 // both unlimited.
@@ -298,11 +330,35 @@ func setMemoryV1(dir string, limit int64) error {
 			return err
 		}
 	}
+	// Plan promised the TCP limit whenever the file exists, so failing to
+	// set it fails the start rather than running without it.
+	if exists(dir, tcpLimitFile) {
+		if err := setTCPLimit(dir, limit); err != nil {
+			return err
+		}
+	}
 	// A group inherits oom_kill_disable from its parent; with it set, a
 	// sandbox over its limit would hang instead of being killed.
 	kv, err := readKV(filepath.Join(dir, "memory.oom_control"))
 	if err == nil && kv["oom_kill_disable"] != 0 {
 		return writeFile(dir, "memory.oom_control", "0")
+	}
+	return nil
+}
+
+// setTCPLimit writes the TCP buffer limit and reads it back: the kernel
+// rounds it down to whole pages, and a kernel that dropped the feature may
+// accept the write and keep the group unlimited.
+func setTCPLimit(dir string, limit int64) error {
+	if err := writeFile(dir, tcpLimitFile, strconv.FormatInt(limit, 10)); err != nil {
+		return fmt.Errorf("limit TCP socket buffers: %w", err)
+	}
+	got, err := readInt(filepath.Join(dir, tcpLimitFile))
+	if err != nil {
+		return fmt.Errorf("limit TCP socket buffers: %w", err)
+	}
+	if got > limit || got < limit-int64(os.Getpagesize()) {
+		return fmt.Errorf("limit TCP socket buffers: %s/%s reads %d after writing %d", dir, tcpLimitFile, got, limit)
 	}
 	return nil
 }
@@ -376,6 +432,30 @@ func (cg *Cgroup) OOMKilled() (bool, error) {
 		return fc > 0 && kv["under_oom"] > 0, nil
 	}
 	return false, nil
+}
+
+// TCPOverLimit reports how many bytes of TCP socket buffers the group holds
+// beyond its v1 limit. The kernel charges past the limit on purpose, one
+// buffer per socket so every connection makes progress, and thousands of
+// sockets turn that into hundreds of MiB; the caller decides when that is
+// too much. It is always 0 where socket buffers share memory.max (v2),
+// since there the overdraft pushes the group into its OOM killer.
+func (cg *Cgroup) TCPOverLimit() (int64, error) {
+	for _, g := range cg.dirs {
+		if g.v2 || !slices.Contains(g.controllers, Memory) || !exists(g.path, tcpLimitFile) {
+			continue
+		}
+		usage, err := readInt(filepath.Join(g.path, "memory.kmem.tcp.usage_in_bytes"))
+		if err != nil {
+			return 0, err
+		}
+		limit, err := readInt(filepath.Join(g.path, tcpLimitFile))
+		if err != nil {
+			return 0, err
+		}
+		return max(usage-limit, 0), nil
+	}
+	return 0, nil
 }
 
 const (

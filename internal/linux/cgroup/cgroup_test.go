@@ -50,6 +50,8 @@ func TestPlan(t *testing.T) {
 	rootlessV2 := Facts{Mode: ModeV2, Controllers: []string{Memory, Pids}, Writable: true,
 		Reason: "cgroup v2: cpu not in /sys/fs/cgroup/user.slice/cgroup.controllers"}
 	none := Facts{Mode: ModeNone, Reason: "no cgroup filesystem is mounted"}
+	nosocket := v2
+	nosocket.NoSocketMemory = socketMemory(v2, "ro quiet cgroup.memory=nosocket")
 	v1NotRoot := Facts{Mode: ModeV1, Reason: "cgroup v1: cannot create cgroups in /sys/fs/cgroup/memory, /sys/fs/cgroup/pids: permission denied"}
 
 	full := Limits{MemoryBytes: 512 << 20, Pids: 256, CPUCores: 1.5}
@@ -61,16 +63,19 @@ func TestPlan(t *testing.T) {
 	}{
 		{"v2", v2, full, []string{
 			"memory 512MiB → cgroup v2 memory.max (+ memory.swap.max=0 if swap is accounted)",
+			"socket buffers 512MiB → charged to cgroup v2 memory.max with the rest of the sandbox's memory",
 			"pids 256 → cgroup v2 pids.max",
 			`cpu 1.5 cores → cgroup v2 cpu.max "150000 100000"`,
 		}},
 		{"v1", v1, full, []string{
 			"memory 512MiB → cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes if present, so swap cannot bypass it)",
+			"socket buffers 512MiB → cgroup v1 memory.kmem.tcp.limit_in_bytes for TCP, counted apart from memory.limit_in_bytes (so TCP buffers can add as much again); unix socket buffers count in memory.limit_in_bytes",
 			"pids 256 → cgroup v1 pids.max",
 			"cpu 1.5 cores → cgroup v1 cpu.cfs_quota_us=150000 per cpu.cfs_period_us=100000",
 		}},
 		{"hybrid mixes versions per controller", hybrid, full, []string{
 			"memory 512MiB → cgroup v1 memory.limit_in_bytes (+ memory.memsw.limit_in_bytes if present, so swap cannot bypass it)",
+			"socket buffers 512MiB → cgroup v1 memory.kmem.tcp.limit_in_bytes for TCP, counted apart from memory.limit_in_bytes (so TCP buffers can add as much again); unix socket buffers count in memory.limit_in_bytes",
 			"pids 256 → cgroup v2 pids.max",
 			"cpu 1.5 cores → cgroup v1 cpu.cfs_quota_us=150000 per cpu.cfs_period_us=100000",
 		}},
@@ -86,17 +91,26 @@ func TestPlan(t *testing.T) {
 		}},
 		{"missing controller", rootlessV2, full, []string{
 			"memory 512MiB → cgroup v2 memory.max (+ memory.swap.max=0 if swap is accounted)",
+			"socket buffers 512MiB → charged to cgroup v2 memory.max with the rest of the sandbox's memory",
 			"pids 256 → cgroup v2 pids.max",
 			"cpu 1.5 cores → NOT ENFORCED: no usable cpu controller (cgroup v2: cpu not in /sys/fs/cgroup/user.slice/cgroup.controllers)",
 		}},
 		{"none", none, Limits{MemoryBytes: 1000}, []string{
 			"memory 1000B → NOT ENFORCED: no cgroup filesystem is mounted",
+			"socket buffers 1000B → NOT ENFORCED: no memory cgroup (no cgroup filesystem is mounted)",
 			"pids → not limited",
 			"cpu → not limited",
 		}},
 		{"v1 not root", v1NotRoot, Limits{Pids: 10, MemoryBytes: 3 << 30}, []string{
 			"memory 3GiB → NOT ENFORCED: cgroup v1: cannot create cgroups in /sys/fs/cgroup/memory, /sys/fs/cgroup/pids: permission denied",
+			"socket buffers 3GiB → NOT ENFORCED: no memory cgroup (cgroup v1: cannot create cgroups in /sys/fs/cgroup/memory, /sys/fs/cgroup/pids: permission denied)",
 			"pids 10 → NOT ENFORCED: cgroup v1: cannot create cgroups in /sys/fs/cgroup/memory, /sys/fs/cgroup/pids: permission denied",
+			"cpu → not limited",
+		}},
+		{"v2 booted with nosocket", nosocket, Limits{MemoryBytes: 64 << 20}, []string{
+			"memory 64MiB → cgroup v2 memory.max (+ memory.swap.max=0 if swap is accounted)",
+			"socket buffers 64MiB → NOT ENFORCED: the kernel was booted with cgroup.memory=nosocket, so memory.max does not charge socket buffers",
+			"pids → not limited",
 			"cpu → not limited",
 		}},
 		{"invalid", v2, Limits{Pids: -1}, []string{
@@ -262,6 +276,9 @@ func TestOOMKill(t *testing.T) {
 		checks[filepath.Join(mem.path, "memory.limit_in_bytes")] = "33554432"
 		if exists(mem.path, "memory.memsw.limit_in_bytes") {
 			checks[filepath.Join(mem.path, "memory.memsw.limit_in_bytes")] = "33554432"
+		}
+		if f.NoSocketMemory == "" {
+			checks[filepath.Join(mem.path, tcpLimitFile)] = "33554432"
 		}
 	}
 	checks[filepath.Join(pids.path, "pids.max")] = "16"

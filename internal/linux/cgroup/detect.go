@@ -76,6 +76,11 @@ type Facts struct {
 	// Unified is the cgroup2 directory that holds corral/, or "" when there is
 	// no usable cgroup2 hierarchy.
 	Unified string
+	// NoSocketMemory is empty when a memory limit can also bound the
+	// sandbox's TCP socket buffers, else why it cannot. Unread buffers are
+	// memory the kernel holds for the workload; v2 charges them to
+	// memory.max, v1 only to memory.kmem.tcp.limit_in_bytes.
+	NoSocketMemory string
 }
 
 // Detect reads /proc/self/mountinfo and /proc/self/cgroup and probes
@@ -97,7 +102,28 @@ func Detect() Facts {
 	if err != nil {
 		return Facts{Mode: ModeNone, Reason: err.Error()}
 	}
-	return detect(mounts, ownV2, os.Geteuid())
+	f := detect(mounts, ownV2, os.Geteuid())
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	f.NoSocketMemory = socketMemory(f, string(cmdline))
+	return f
+}
+
+// socketMemory says why the memory controller in f cannot charge TCP socket
+// buffers, or "" when it can (or there is no memory controller to ask).
+func socketMemory(f Facts, cmdline string) string {
+	dir, ok := f.Dirs[Memory]
+	switch {
+	case !ok:
+		return ""
+	case f.isV2(Memory):
+		if slices.Contains(strings.Fields(cmdline), "cgroup.memory=nosocket") {
+			return "the kernel was booted with cgroup.memory=nosocket, so memory.max does not charge socket buffers"
+		}
+		return ""
+	case !exists(dir, tcpLimitFile):
+		return "this kernel's cgroup v1 memory controller has no " + tcpLimitFile + ", so TCP socket buffers are not charged"
+	}
+	return ""
 }
 
 type mount struct {

@@ -61,7 +61,7 @@ func buildRoot(p *plan.Plan, dir string) error {
 		case plan.KindProc:
 			err = mountAt(root, m.Target, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 		case plan.KindDev:
-			err = buildDev(root, m.Target)
+			err = buildDev(root, m.Target, m.SizeBytes)
 		default:
 			err = fmt.Errorf("unknown mount kind %q", m.Kind)
 		}
@@ -131,12 +131,25 @@ func mountAt(root int, target, fstype string, flags uintptr, data string) error 
 // tmpfsOptions leaves out uid/gid for root-owned tmpfs: in a user namespace
 // uid 0 is usually unmapped and naming it makes the mount fail.
 func tmpfsOptions(m plan.Mount) string {
-	opts := fmt.Sprintf("mode=%04o", m.Mode)
+	opts := fmt.Sprintf("mode=%04o", m.Mode) + sizeOption(m.SizeBytes)
 	if m.UID != 0 || m.GID != 0 {
 		opts += fmt.Sprintf(",uid=%d,gid=%d", m.UID, m.GID)
 	}
 	return opts
 }
+
+// sizeOption caps a tmpfs; without it the kernel allows half the host's
+// RAM per mount, charged to no limit where there is no cgroup.
+func sizeOption(bytes int64) string {
+	if bytes <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(",size=%d", bytes)
+}
+
+// devSize caps /dev itself, which holds only mountpoints and symlinks; in
+// rootless mode it belongs to the workload's user, who could fill it.
+const devSize = 1 << 20
 
 func fdPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
 
@@ -191,9 +204,10 @@ func mkTarget(root int, target string, isDir bool) (int, error) {
 }
 
 // buildDev creates the minimal /dev: a few host devices, a private devpts,
-// a private /dev/shm and the conventional symlinks.
-func buildDev(root int, target string) error {
-	if err := mountAt(root, target, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755"); err != nil {
+// a private /dev/shm of at most shmSize bytes (0: the kernel's default)
+// and the conventional symlinks.
+func buildDev(root int, target string, shmSize int64) error {
+	if err := mountAt(root, target, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755"+sizeOption(devSize)); err != nil {
 		return err
 	}
 	for _, d := range devices {
@@ -215,7 +229,7 @@ func buildDev(root int, target string) error {
 		"newinstance,ptmxmode=0666,mode=0620"); err != nil {
 		return err
 	}
-	if err := mountAt(root, filepath.Join(target, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777"); err != nil {
+	if err := mountAt(root, filepath.Join(target, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777"+sizeOption(shmSize)); err != nil {
 		return err
 	}
 	dfd, err := mkTarget(root, target, true)
