@@ -54,4 +54,5 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	kernel.org/pub/linux/libs/security/libcap/psx v1.2.77 // indirect
+	software.sslmate.com/src/go-pkcs12 v0.7.4 // indirect
 )

@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -204,7 +205,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	}
 	var eg *sandbox.Egress
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(pol, f, id)
+		eg, err = newEgress(pol, f, id, log)
 		if err != nil {
 			aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
 			return setupFailed(err)
@@ -293,7 +294,7 @@ func safeEnv(key string) bool {
 
 // newEgress builds proxy mode's decision engine, the sandbox's CA and the
 // roots upstream servers are verified with.
-func newEgress(p *policy.Policy, f runFlags, id string) (*sandbox.Egress, error) {
+func newEgress(p *policy.Policy, f runFlags, id string, log *slog.Logger) (*sandbox.Egress, error) {
 	var rules []byte
 	if f.policyRules != "" {
 		var err error
@@ -318,9 +319,12 @@ func newEgress(p *policy.Policy, f runFlags, id string) (*sandbox.Egress, error)
 	if err != nil {
 		return nil, fmt.Errorf("create the sandbox CA: %w", err)
 	}
-	_, system, err := ca.SystemBundle()
+	system, warnings, err := ca.HostTrust(os.Getenv)
 	if err != nil {
 		return nil, fmt.Errorf("read the system CA bundle: %w", err)
+	}
+	for _, w := range warnings {
+		log.Warn(w)
 	}
 	return &sandbox.Egress{Engine: engine, UpstreamDNS: f.upstreamDNS, CA: authority, SystemBundle: system, UpstreamRoots: roots}, nil
 }
@@ -399,6 +403,10 @@ func workloadEnv(host []string, pl *plan.Plan, uncaged bool, extra []string) []s
 	}
 	for _, kv := range extra {
 		k, v, _ := strings.Cut(kv, "=")
+		if prev, ok := vals[k]; ok && k == plan.JavaToolOptions && !uncaged {
+			// Appended, so the JVM still trusts the sandbox's CA.
+			v = prev + " " + v
+		}
 		set(k, v)
 	}
 	env := make([]string, 0, len(order))

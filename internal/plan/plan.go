@@ -170,9 +170,14 @@ func (n Network) ProxyEnv() []string {
 		"http_proxy=" + http, "https_proxy=" + http, "all_proxy=" + socks, "no_proxy=" + noProxy,
 		"grpc_proxy=" + http,
 		// The sandbox's CA, so that TLS the proxy terminates for
-		// inspection verifies; the bundle keeps the system roots too.
+		// inspection verifies. Every variable names the whole bundle,
+		// which keeps what the host trusts too: node adds
+		// NODE_EXTRA_CA_CERTS to its own list, and a host CA missing from
+		// that list would otherwise fail on endpoints not inspected.
 		"SSL_CERT_FILE=" + CABundlePath, "REQUESTS_CA_BUNDLE=" + CABundlePath, "CURL_CA_BUNDLE=" + CABundlePath,
-		"GIT_SSL_CAINFO=" + CABundlePath, "NODE_EXTRA_CA_CERTS=" + CACertPath,
+		"GIT_SSL_CAINFO=" + CABundlePath, "NODE_EXTRA_CA_CERTS=" + CABundlePath,
+		// Java reads neither PEM nor these variables, only its trust store.
+		JavaToolOptions + "=" + JavaTrustOptions,
 	}
 }
 
@@ -180,8 +185,22 @@ func (n Network) ProxyEnv() []string {
 // is a mount corral owns, so nothing in the policy can shadow or edit it.
 const (
 	TLSDir       = "/run/corral"
-	CABundlePath = TLSDir + "/ca-bundle.pem" // system roots + sandbox CA
-	CACertPath   = TLSDir + "/ca.pem"        // sandbox CA alone
+	CABundlePath   = TLSDir + "/ca-bundle.pem"  // host roots + sandbox CA
+	CACertPath     = TLSDir + "/ca.pem"         // sandbox CA alone
+	TrustStorePath = TLSDir + "/truststore.p12" // the bundle as a Java trust store
+)
+
+// JavaToolOptions is the variable every JVM reads options from; the
+// workload's own value for it is appended to JavaTrustOptions, so it can
+// add options (or override these) without losing the sandbox's CA.
+const (
+	JavaToolOptions  = "JAVA_TOOL_OPTIONS"
+	JavaTrustOptions = "-Djavax.net.ssl.trustStore=" + TrustStorePath +
+		" -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=" + TrustStorePassword
+	// TrustStorePassword protects nothing (a trust store holds only
+	// public certificates); Java needs one to read PKCS#12, and this is
+	// the one its own cacerts uses.
+	TrustStorePassword = "changeit"
 )
 
 // SystemBundles are where distributions keep the CA bundle most TLS

@@ -24,7 +24,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // Any *_PROXY is checked apart.
 var reservedEnv = []string{
 	"PATH", "HOME", "USER", "LOGNAME", "TERM", "CORRAL_SANDBOX",
-	"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO",
+	"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "JAVA_TOOL_OPTIONS",
 }
 
 // forbiddenHeaders frame or route the request, or concern only one hop; the

@@ -22,6 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
+	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/statedir"
@@ -44,8 +45,8 @@ type Egress struct {
 	UpstreamDNS string
 	// CA signs the leaves the inspector presents when it terminates TLS.
 	CA *ca.CA
-	// SystemBundle is the host's CA bundle, which the sandbox's combined
-	// bundle starts with.
+	// SystemBundle is what the host trusts (ca.HostTrust), which the
+	// sandbox's combined bundle starts with.
 	SystemBundle []byte
 	// UpstreamRoots returns the roots that verify upstream servers of
 	// inspected connections, loading them on first use.
@@ -87,9 +88,15 @@ func (s *supervisor) writeCA() error {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fmt.Errorf("CA directory: %w", err)
 	}
+	bundle := s.Egress.CA.Bundle(s.Egress.SystemBundle)
+	store, err := ca.TrustStore(bundle, plan.TrustStorePassword)
+	if err != nil {
+		return err
+	}
 	for name, data := range map[string][]byte{
-		"ca.pem":        s.Egress.CA.CertPEM(),
-		"ca-bundle.pem": s.Egress.CA.Bundle(s.Egress.SystemBundle),
+		"ca.pem":         s.Egress.CA.CertPEM(),
+		"ca-bundle.pem":  bundle,
+		"truststore.p12": store,
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			return fmt.Errorf("write sandbox CA: %w", err)

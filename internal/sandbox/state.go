@@ -73,6 +73,7 @@ func (r *runDir) remove() error {
 		ignoreNotExist(os.Remove(statedir.ResolvConf(r.state, r.id))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca-bundle.pem"))),
+		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "truststore.p12"))),
 		ignoreNotExist(unix.Rmdir(statedir.TLS(r.state, r.id))),
 	}
 	r.lock.Close()
