@@ -102,8 +102,13 @@ type Decision struct {
 	// passthrough (an endpoint with tls: skip is not inspected at all).
 	TLS string
 	// AllowEncodedSlash is set when one of the policy's inspected
-	// endpoints for this destination accepts %2F in paths.
+	// endpoints for this destination accepts %2F in paths, or when none of
+	// them has a rule that depends on path segments.
 	AllowEncodedSlash bool
+	// PathRule names a rule (or path selector) that depends on path
+	// segments when AllowEncodedSlash is not set: what %2F could slip a
+	// request past, for the refusal to point at.
+	PathRule string
 }
 
 // HTTPRequest is one request on an inspected connection, as the rules see

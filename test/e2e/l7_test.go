@@ -280,7 +280,7 @@ func TestL7Inspection(t *testing.T) {
 			return n.event("http.request", want)
 		}
 
-		n.has("env_ca", `SSL_CERT_FILE=/run/corral/ca-bundle\.pem NODE_EXTRA_CA_CERTS=/run/corral/ca\.pem`)
+		n.has("env_ca", `SSL_CERT_FILE=/run/corral/ca-bundle\.pem NODE_EXTRA_CA_CERTS=/run/corral/ca-bundle\.pem`)
 
 		// read-only: GET through, POST and DELETE refused with the agent's
 		// 403 on every way in (CONNECT, transparent, SOCKS5).

@@ -32,6 +32,10 @@ type endpoint struct {
 	// settings.
 	key, name, protocol, tls string
 	encodedSlash             bool
+	// pathRule names the endpoint's first selector or rule that depends
+	// on how the path splits into segments; where there is none, an
+	// encoded slash cannot move a request past a rule.
+	pathRule string
 	// l7 matches requests for endpoints with a protocol.
 	l7 *l7Matcher
 }
@@ -202,6 +206,7 @@ func (st *state) endpoint(key, name string, i, rank int, ep policy.Endpoint) (*a
 		protocol:     ep.Protocol,
 		tls:          ep.TLS,
 		encodedSlash: ep.AllowEncodedSlash,
+		pathRule:     pathRule(key, i, ep),
 		l7:           matcher,
 		term: ast.ObjectTerm(
 			[2]*ast.Term{keyPolicy, ast.StringTerm(key)},
@@ -303,6 +308,34 @@ func l7Fields(ep policy.Endpoint) ([][2]*ast.Term, error) {
 		{ast.StringTerm("rules"), ast.ArrayTerm(rules...)},
 		{ast.StringTerm("deny_rules"), ast.ArrayTerm(deny...)},
 	}, nil
+}
+
+// pathRule names, as the policy file spells it, the endpoint's first path
+// selector, rule or deny rule that matches on a path other than "any
+// path" (access presets match any path); "" when there is none.
+func pathRule(key string, i int, ep policy.Endpoint) string {
+	at := fmt.Sprintf("network_policies.%s.endpoints[%d]", key, i)
+	structured := func(p string) bool {
+		switch anyPath(p) {
+		case "", "**", "/**":
+			return false
+		}
+		return true
+	}
+	if structured(ep.Path) {
+		return fmt.Sprintf("%s.path (%s)", at, ep.Path)
+	}
+	for j, r := range ep.Rules {
+		if structured(r.Allow.Path) {
+			return fmt.Sprintf("%s.rules[%d] (path %s)", at, j, r.Allow.Path)
+		}
+	}
+	for j, r := range ep.DenyRules {
+		if structured(r.Path) {
+			return fmt.Sprintf("%s.deny_rules[%d] (path %s)", at, j, r.Path)
+		}
+	}
+	return ""
 }
 
 // anyPath spells "any path" one way, so the rules need one test for it.

@@ -197,6 +197,10 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 	// The deciding policy's endpoints for this destination say whether its
 	// requests are inspected; rules that do not report the policy's key
 	// are matched by name.
+	// An encoded slash is accepted where an endpoint allows it, and where
+	// no endpoint that could decide the request has a rule that depends on
+	// path structure (npm's /@scope%2fname under access presets).
+	pathRule := ""
 	for _, c := range cands {
 		// tls: skip exempts an endpoint from inspection altogether; its
 		// traffic is carried like any other allowed connection's.
@@ -207,6 +211,14 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 			d.Inspect, d.TLS = true, c.tls
 		}
 		d.AllowEncodedSlash = d.AllowEncodedSlash || c.encodedSlash
+		if pathRule == "" {
+			pathRule = c.pathRule
+		}
+	}
+	if d.AllowEncodedSlash || pathRule == "" {
+		d.AllowEncodedSlash = d.Inspect
+	} else {
+		d.PathRule = pathRule
 	}
 	return d
 }

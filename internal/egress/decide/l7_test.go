@@ -275,3 +275,39 @@ func TestRequestMemo(t *testing.T) {
 		t.Error("user rules are memoised")
 	}
 }
+
+// An encoded slash (npm's /@scope%2fname) can only move a request past a
+// rule that looks at path segments; where no endpoint that could decide
+// the request has one, the connection accepts it.
+func TestEncodedSlashWherePathsDoNotMatter(t *testing.T) {
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	for _, tc := range []struct {
+		name string
+		eps  []policy.Endpoint
+		want bool
+	}{
+		{"access preset", []policy.Endpoint{restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly })}, true},
+		{"rules on any path", []policy.Endpoint{restEndpoint(func(ep *policy.Endpoint) {
+			ep.Rules = []policy.L7Rule{{Allow: policy.L7Match{Method: "GET", Path: "/**"}}, {Allow: policy.L7Match{Method: "POST", Path: "**"}}}
+			ep.DenyRules = []policy.L7Match{{Method: "DELETE"}}
+		})}, true},
+		{"a rule on a path", []policy.Endpoint{restEndpoint(ghRules)}, false},
+		{"a deny rule on a path", []policy.Endpoint{restEndpoint(func(ep *policy.Endpoint) {
+			ep.Access = policy.AccessFull
+			ep.DenyRules = []policy.L7Match{{Method: "*", Path: "/admin/**"}}
+		})}, false},
+		{"a sibling endpoint selects by path", []policy.Endpoint{
+			restEndpoint(func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }),
+			restEndpoint(func(ep *policy.Endpoint) { ep.Path = "/uploads/**"; ep.Access = policy.AccessFull }),
+		}, false},
+		{"asked for explicitly", []policy.Endpoint{restEndpoint(func(ep *policy.Endpoint) { ghRules(ep); ep.AllowEncodedSlash = true })}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := mustNew(t, hostPolicy(nil, tc.eps...), nil).Decide(ctx, conn)
+			if !d.Allow || !d.Inspect || d.AllowEncodedSlash != tc.want || (d.PathRule == "") != tc.want {
+				t.Errorf("got %+v, want allowed, inspected, AllowEncodedSlash=%v and the rule that refuses it named otherwise", d, tc.want)
+			}
+		})
+	}
+}

@@ -111,7 +111,11 @@ func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, e
 	}
 	p, err := reqpath.Normalize(raw, h.t.Decision.AllowEncodedSlash)
 	if err != nil {
-		return hr, p, egress.HTTPDecision{Reason: egress.ReasonL7BadPath, Detail: err.Error()}
+		d := egress.HTTPDecision{Reason: egress.ReasonL7BadPath, Detail: err.Error(), Policy: h.t.Decision.Policy}
+		if errors.Is(err, reqpath.ErrEncodedSlash) {
+			d.Rule = h.t.Decision.PathRule
+		}
+		return hr, p, d
 	}
 	hr.Path = p.Match
 	if hr.Query, err = reqpath.Query(req.URL.RawQuery); err != nil {
@@ -205,6 +209,11 @@ func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPR
 		b.NextSteps = "only WebSocket upgrades are relayed; send the requests without Upgrade"
 	case egress.ReasonL7BadPath, egress.ReasonL7BadQuery:
 		b.NextSteps = "send the path without dot segments, encoded slashes or double encoding, and the query as name=value pairs joined by &"
+		if d.Rule != "" {
+			b.NextSteps = fmt.Sprintf("the path holds an encoded slash (%%2F), which could move it past %s of policy %q; "+
+				"if this upstream reads %%2F as part of a name (npm scopes, GitLab project ids), ask the operator to set allow_encoded_slash: true on that endpoint",
+				d.Rule, d.Policy)
+		}
 	case egress.ReasonL7DenyRule:
 		b.NextSteps = "this request matches a deny rule of the policy; it cannot be allowed by adding rules"
 	default:

@@ -152,6 +152,7 @@ type Lab struct {
 	closers    []func()
 	conns      map[net.Conn]struct{}
 	streams    map[string]*labStream
+	sites      map[string]http.Handler // by host name, see Serve
 	closed     bool
 	wg         sync.WaitGroup
 }
@@ -632,6 +633,13 @@ func (l *Lab) httpHandler(names []string) http.Handler {
 				name = n
 			}
 		}
+		l.mu.Lock()
+		site := l.sites[name]
+		l.mu.Unlock()
+		if site != nil {
+			site.ServeHTTP(w, r)
+			return
+		}
 		p := r.URL.Path
 		switch {
 		case strings.HasPrefix(p, "/stream/"):
@@ -650,6 +658,18 @@ func (l *Lab) httpHandler(names []string) http.Handler {
 			fmt.Fprintf(w, "hello from %s %s %s", name, r.Method, p)
 		}
 	})
+}
+
+// Serve makes h answer every HTTP and HTTPS request for the host name
+// (after it is recorded, so h sees an empty body), for tests that need a
+// real service's answers, such as a package registry's.
+func (l *Lab) Serve(name string, h http.Handler) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sites == nil {
+		l.sites = map[string]http.Handler{}
+	}
+	l.sites[normName(name)] = h
 }
 
 // connKey is the request context key under which serveHTTP stores the
