@@ -29,7 +29,11 @@ const (
 	NetDNSDenied      = "net.dns.denied"
 	// HTTPRequest is one request on an inspected connection: allowed,
 	// denied, or denied in audit mode and forwarded (decision "audit").
-	HTTPRequest      = "http.request"
+	HTTPRequest = "http.request"
+	// TLSHandshakeFailed is a client that gave up on the TLS handshake of
+	// an inspected connection, most often because it does not trust the
+	// sandbox CA (a tool with its own trust store).
+	TLSHandshakeFailed = "tls.handshake_failed"
 	PolicyReloaded   = "policy.reloaded"
 	PolicyReloadFail = "policy.reload_failed"
 )

@@ -70,6 +70,9 @@ for host in corp insp; do
   sec java_$host
   if command -v java >/dev/null; then java -Xshare:off Get.java $u 2>&1 | grep -v '^Picked up'; else echo NO_JAVA; fi
 done
+# A client with a trust store of its own, without the sandbox CA.
+sec untrusting
+curl -sS --max-time 15 --cacert corp-ca.pem https://insp.test/untrusting; echo " rc=$?"
 `
 
 func TestCATrust(t *testing.T) {
@@ -91,6 +94,7 @@ func TestCATrust(t *testing.T) {
 		if err := os.WriteFile(hostCA, lab.CAPEM, 0o644); err != nil {
 			t.Fatal(err)
 		}
+		writeOwned(t, m, filepath.Join(fx.W, "corp-ca.pem"), lab.CAPEM, 0o644)
 		r := runCorral(t, fx, runOpts{
 			args:    []string{"/usr/bin/bash", filepath.Join(fx.W, "ca.sh")},
 			policy:  basePolicy(caTrustPolicy),
@@ -112,6 +116,12 @@ func TestCATrust(t *testing.T) {
 				continue
 			}
 			n.has("java_"+host, `JAVASTATUS 200 hello from `+host+`\.test`)
+		}
+		// That client is told why, in the audit log and on corral's stderr.
+		n.has("untrusting", `rc=60`)
+		r.requireEvent(t, "tls.handshake_failed", map[string]any{"host": "insp.test", "binary": "/usr/bin/curl", "cause": "client_does_not_trust_sandbox_ca"})
+		if !strings.Contains(r.stderr, "does not trust") && !strings.Contains(r.stderr, "rejected the sandbox CA") {
+			t.Errorf("corral's stderr does not warn about the client that rejected the sandbox CA:\n%s", r.stderr)
 		}
 	})
 }

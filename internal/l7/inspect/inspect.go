@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"os"
 	"sync"
 	"time"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -97,7 +99,7 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 	}
 	tc, err := in.terminate(ctx, conn, t, check)
 	if err != nil {
-		in.log().Debug("inspected TLS handshake failed", "target", t.Request.Target(), "err", err)
+		in.handshakeFailed(t, err)
 		t.Up.Close()
 		return
 	}
@@ -117,26 +119,75 @@ func (in *Inspector) terminate(ctx context.Context, c net.Conn, t *egress.Tunnel
 	if err != nil {
 		return nil, err
 	}
+	helloSeen := false
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
 		NextProtos:   []string{"h2", "http/1.1"},
 		Certificates: []tls.Certificate{*leaf},
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			helloSeen = true
 			// A literal-address tunnel was decided on the address; its
 			// SNI names nothing the decision relied on.
 			if r.Host == "" || hello.ServerName == "" {
 				return nil, nil
 			}
-			return nil, check("tls_sni", hello.ServerName, nil)
+			if err := check("tls_sni", hello.ServerName, nil); err != nil {
+				return nil, refusal{err}
+			}
+			return nil, nil
 		},
 	}
 	tc := tls.Server(c, cfg)
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {
+		if helloSeen {
+			return nil, afterHello{err}
+		}
 		return nil, err
 	}
 	return tc, nil
+}
+
+// refusal is check's verdict on a ClientHello, which check has recorded.
+type refusal struct{ error }
+
+func (r refusal) Unwrap() error { return r.error }
+
+// afterHello is a handshake that failed once the client had sent a
+// ClientHello and been answered with the sandbox CA's leaf: what a client
+// that does not trust that CA does, whatever alert (or none) it sends.
+type afterHello struct{ error }
+
+func (a afterHello) Unwrap() error { return a.error }
+
+// handshakeFailed records a client's failed TLS handshake with its likely
+// cause: a tool that keeps its own trust store (Java, a pinned CA bundle)
+// rejects the sandbox CA's leaf and leaves nothing else to see, so the
+// cause must be said where the user looks.
+func (in *Inspector) handshakeFailed(t *egress.Tunnel, err error) {
+	if errors.As(err, new(refusal)) {
+		return
+	}
+	r := t.Request
+	cause, hint := "tls_error", ""
+	msg := err.Error()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+		cause = "handshake_timeout"
+	case errors.As(err, new(afterHello)):
+		cause, hint = "client_does_not_trust_sandbox_ca", "the client gave up after the sandbox CA's certificate; most likely it does not trust that CA"
+	}
+	next := "point the client at " + plan.CABundlePath + " (or " + plan.TrustStorePath + " for Java); inspection needs the client to trust the sandbox CA"
+	if in.Audit != nil {
+		in.Audit.Emit(audit.TLSHandshakeFailed, "via", r.Via, "host", r.Host, "port", r.Port,
+			"binary", r.Identity.Binary, "pid", r.Identity.PID, "cause", cause, "detail", msg, "next_steps", next)
+	}
+	if hint != "" {
+		in.log().Warn("TLS handshake with the workload failed: "+hint, "target", r.Target(), "binary", r.Identity.Binary, "err", err, "fix", next)
+		return
+	}
+	in.log().Debug("inspected TLS handshake failed", "target", r.Target(), "err", err)
 }
 
 // serve runs an HTTP server on the one connection c and returns when the
