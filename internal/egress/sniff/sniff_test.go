@@ -366,11 +366,10 @@ func TestHostname(t *testing.T) {
 }
 
 // After an HTTP opening the guard hands on each request whole (bodies of
-// either framing included), checks each one's Host, and after an upgrade
-// passes the rest through untouched.
+// either framing included), checks each one's Host, and after a WebSocket
+// upgrade the server accepted passes the rest through untouched.
 func TestGuardHTTPRequests(t *testing.T) {
-	client, proxy := net.Pipe()
-	defer client.Close()
+	client, proxy := pipe(t)
 	var hosts []string
 	g := Guard(proxy, nil, DefaultMax, time.Second, func(kind, name string, err error) error {
 		hosts = append(hosts, kind+" "+name)
@@ -383,7 +382,8 @@ func TestGuardHTTPRequests(t *testing.T) {
 		io.WriteString(client, "POST /a HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 5\r\n\r\nhello")
 		io.WriteString(client, "POST /b HTTP/1.1\r\nHost: ok.test:80\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
 		io.WriteString(client, "GET /ws HTTP/1.1\r\nHost: ok.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nRAW-FRAMES")
-		client.Close()
+		// Half-close: the responses below must still reach the client.
+		client.(*net.TCPConn).CloseWrite()
 	}()
 	br := bufio.NewReader(g)
 	for _, want := range []string{"hello", "abc"} {
@@ -400,6 +400,9 @@ func TestGuardHTTPRequests(t *testing.T) {
 	if err != nil || req.Header.Get("Upgrade") != "websocket" {
 		t.Fatalf("upgrade request: %v %v", req, err)
 	}
+	io.WriteString(g, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+	io.WriteString(g, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+	io.WriteString(g, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 	if rest, _ := io.ReadAll(br); string(rest) != "RAW-FRAMES" {
 		t.Errorf("after the upgrade: %q", rest)
 	}

@@ -1,0 +1,63 @@
+package sniff
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The response follower grants a WebSocket only for a real 101 that
+// answers the WebSocket request, wherever the bytes are split, and never
+// for a 101 hidden in a body or answering another request.
+func TestResponsesFollowFraming(t *testing.T) {
+	const ok101 = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+	get, ws, head := exchange{method: "GET"}, exchange{method: "GET", websocket: true}, exchange{method: "HEAD"}
+	tests := []struct {
+		name   string
+		reqs   []exchange
+		stream string
+		want   []bool // outcomes told, in order
+	}{
+		{"accepted", []exchange{ws}, ok101, []bool{true}},
+		{"after a response", []exchange{get, ws}, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc" + ok101, []bool{true}},
+		{"after chunks", []exchange{get, ws}, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: v\r\n\r\n" + ok101, []bool{true}},
+		{"after interim", []exchange{ws}, "HTTP/1.1 100 Continue\r\n\r\n" + ok101, []bool{true}},
+		{"HEAD has no body", []exchange{head, ws}, "HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n" + ok101, []bool{true}},
+		{"refused with 200", []exchange{ws}, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", []bool{false}},
+		{"refused with 426", []exchange{ws}, "HTTP/1.1 426 Upgrade Required\r\nContent-Length: 0\r\n\r\n", []bool{false}},
+		{"101 inside a body", []exchange{get, ws}, "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(len(ok101)) + "\r\n\r\n" + ok101 + "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", []bool{false}},
+		{"101 inside a chunk", []exchange{get, ws}, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + strconv.FormatInt(int64(len(ok101)), 16) + "\r\n" + ok101 + "\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", []bool{false}},
+		{"101 to a plain request", []exchange{get, ws}, ok101, []bool{false}},
+		{"101 without Upgrade", []exchange{ws}, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\r\n", []bool{false}},
+		{"101 to h2c", []exchange{ws}, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n", []bool{false}},
+		{"HTTP/1.0 101", []exchange{ws}, strings.Replace(ok101, "HTTP/1.1", "HTTP/1.0", 1), []bool{false}},
+		{"both framings", []exchange{get, ws}, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n" + ok101, []bool{false}},
+		{"conflicting lengths", []exchange{get, ws}, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nContent-Length: 5\r\n\r\n" + ok101, []bool{false}},
+		{"body until close", []exchange{get, ws}, "HTTP/1.1 200 OK\r\n\r\n" + ok101, nil},
+		{"folded header", []exchange{ws}, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n Connection: Upgrade\r\n\r\n", []bool{false}},
+		{"answer before the request", nil, ok101, nil},
+	}
+	for _, tt := range tests {
+		for _, step := range []int{1, 7, len(tt.stream)} {
+			var told []bool
+			r := &responses{outcome: func(a bool) { told = append(told, a) }}
+			for _, ex := range tt.reqs {
+				r.expect(ex)
+			}
+			for s := tt.stream; s != ""; {
+				n := min(step, len(s))
+				r.feed([]byte(s[:n]))
+				s = s[n:]
+			}
+			if !slices.Equal(told, tt.want) {
+				t.Errorf("%s (fed %d bytes at a time): told %v, want %v", tt.name, step, told, tt.want)
+			}
+			// Whatever is still waiting is refused when the server ends.
+			r.end()
+			if n := len(tt.reqs); n > 0 && tt.reqs[n-1].websocket && len(told) != 1 {
+				t.Errorf("%s: the WebSocket request was told %d times", tt.name, len(told))
+			}
+		}
+	}
+}
