@@ -26,6 +26,7 @@ const (
 
 	NetConnectAllowed = "net.connect.allowed"
 	NetConnectDenied  = "net.connect.denied"
+	NetConnectFailed  = "net.connect.failed"
 	NetDNSDenied      = "net.dns.denied"
 	// HTTPRequest is one request on an inspected connection: allowed,
 	// denied, or denied in audit mode and forwarded (decision "audit").
@@ -34,8 +35,8 @@ const (
 	// an inspected connection, most often because it does not trust the
 	// sandbox CA (a tool with its own trust store).
 	TLSHandshakeFailed = "tls.handshake_failed"
-	PolicyReloaded   = "policy.reloaded"
-	PolicyReloadFail = "policy.reload_failed"
+	PolicyReloaded     = "policy.reloaded"
+	PolicyReloadFail   = "policy.reload_failed"
 )
 
 // Field names shared by every event.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -45,6 +46,10 @@ prints every problem as "field.path: what is wrong — how to fix" and exits 2.`
 				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w.String())
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (sha256 %s)\n", args[0], p.SHA256())
+			if len(p.Inherited) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s from the built-in default (left out of the file; extends: none to leave them empty)\n",
+					args[0], strings.Join(p.Inherited, ", "))
+			}
 			return nil
 		},
 	}
@@ -74,7 +79,7 @@ and the network plan. Nothing is started.`,
 			if err != nil {
 				return err
 			}
-			pl, err := plan.Build(p, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default"}, plan.LocalHost())
+			pl, err := plan.Build(p, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, plan.LocalHost())
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}

@@ -52,11 +52,13 @@ func newPolicySetCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "set --sandbox ID FILE",
 		Short: "Replace the network policy of a running sandbox",
-		Long: `Validate FILE and swap it in as the running sandbox's policy. Only network
-policies may differ from the running policy: the filesystem, Landlock,
-process, limits, seccomp, state and network mode are fixed when a sandbox
-starts, and a policy that changes them is rejected. A rejected policy never
-replaces the working one.`,
+		Long: `Validate FILE and swap it in as the running sandbox's policy. FILE may be
+partial: each top-level section it names replaces the running one whole, and
+the sections it leaves out stay as they run (with "extends: none" FILE is the
+whole policy). Only network policies and the hosts and headers of secrets
+may change: the filesystem, Landlock, process, limits, seccomp, state and
+network mode are fixed when a sandbox starts, and a policy that changes them
+is rejected. A rejected policy never replaces the working one.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if id == "" {

@@ -38,6 +38,15 @@ const (
 // defaultPath is the workload's PATH when the caller has none.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// inheritedPath is the PATH the workload starts from, before the plan
+// leaves out what does not exist inside.
+func inheritedPath() string {
+	if p := os.Getenv("PATH"); p != "" {
+		return p
+	}
+	return defaultPath
+}
+
 type runFlags struct {
 	policy      string
 	workdir     string
@@ -176,10 +185,13 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		log.Warn("could not remove all stale sandbox state", "err", err)
 	}
 
-	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, ID: id, Session: f.session}, host)
+	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
 		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
 		return setupFailed(err)
+	}
+	if len(pl.PathDropped) > 0 {
+		log.Debug("PATH entries that do not exist inside the sandbox are left out", "dropped", strings.Join(pl.PathDropped, string(filepath.ListSeparator)))
 	}
 
 	uncaged := ""
@@ -197,6 +209,9 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	walltime := time.Duration(pl.Limits.WalltimeMS) * time.Millisecond
 	if f.timeout > 0 {
 		walltime = f.timeout
+		// sandbox.start's summary is read from the plan: it must show the
+		// walltime in force, not the policy's.
+		pl.Limits.WalltimeMS = walltime.Milliseconds()
 	}
 	masked, err := secrets.Load(pol.Secrets, os.Getenv)
 	if err != nil {
@@ -392,6 +407,9 @@ func workloadEnv(host []string, pl *plan.Plan, uncaged bool, extra []string) []s
 		home, _ = os.UserHomeDir()
 	}
 	set("HOME", home)
+	if !uncaged {
+		set("PATH", pl.Path)
+	}
 	set("USER", u.Name)
 	set("LOGNAME", u.Name)
 	set("CORRAL_SANDBOX", "1")

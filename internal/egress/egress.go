@@ -27,13 +27,17 @@ const (
 	ReasonNoPolicy        = "no_matching_policy"
 	ReasonBinary          = "binary_not_allowed"
 	ReasonIdentity        = "identity_unknown"
+	ReasonIdentityExited  = "identity_process_exited"
 	ReasonIntegrity       = "binary_integrity"
 	ReasonSNIMismatch     = "sni_mismatch"
 	ReasonHostMismatch    = "host_mismatch"
 	ReasonInternalAddress = "internal_address"
-	ReasonResolve         = "resolve_failed"
-	ReasonUpstream        = "upstream_unreachable"
 	ReasonEngine          = "decision_error"
+	// Failures to reach a destination the policy allowed (see
+	// UpstreamFailure): audited as net.connect.failed, not as denials.
+	ReasonResolve         = "upstream_dns_failed"
+	ReasonUpstream        = "upstream_connect_failed"
+	ReasonUpstreamTimeout = "upstream_timeout"
 	ReasonLiteralIP       = "literal_ip_not_allowed"
 	// Per-request (L7) reasons.
 	ReasonL7DenyRule   = "l7_deny_rule"

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -62,11 +63,14 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (*Tunnel
 	}
 	up, err := g.Dialer.Dial(ctx, r, d.AllowedIPs)
 	if err != nil {
+		policy := d.Policy
 		if de, ok := AsDeny(err); ok {
 			d = de.Decision
 		} else {
-			d = Decision{Policy: d.Policy, Reason: ReasonUpstream, Detail: err.Error()}
+			d = Decision{Reason: UpstreamReason(err, ReasonUpstream), Detail: err.Error()}
 		}
+		// The policy that allowed it, for the event and the reply.
+		d.Policy = cmp.Or(d.Policy, policy)
 		g.report(r, d, latency)
 		return nil, &DenyError{Request: r, Decision: d}
 	}
@@ -120,7 +124,7 @@ func (g *Gate) decide(ctx context.Context, client net.Conn, r *Request) Decision
 			if de, ok := AsDeny(err); ok {
 				return de.Decision
 			}
-			return Decision{Reason: ReasonIdentity, Detail: err.Error()}
+			return Decision{Reason: identityReason(err), Detail: err.Error()}
 		}
 		r.Identity = id
 	}
@@ -162,9 +166,12 @@ func (g *Gate) Recheck(ctx context.Context, client net.Conn, r Request) func(kin
 
 // report writes the one structured event of a connection.
 func (g *Gate) report(r Request, d Decision, latency time.Duration) {
-	event := audit.NetConnectDenied
-	if d.Allow {
+	event, msg := audit.NetConnectDenied, "network connection denied"
+	switch {
+	case d.Allow:
 		event = audit.NetConnectAllowed
+	case UpstreamFailure(d.Reason):
+		event, msg = audit.NetConnectFailed, "network connection allowed but its destination could not be reached"
 	}
 	kv := []any{
 		"via", r.Via, "source", r.Source.String(), "host", r.Host, "port", r.Port,
@@ -181,6 +188,6 @@ func (g *Gate) report(r Request, d Decision, latency time.Duration) {
 		g.Audit.Emit(event, kv...)
 	}
 	if g.Log != nil && !d.Allow {
-		g.Log.Warn("network connection denied", "target", r.Target(), "binary", r.Identity.Binary, "reason", d.Reason, "detail", d.Detail)
+		g.Log.Warn(msg, "target", r.Target(), "binary", r.Identity.Binary, "reason", d.Reason, "detail", d.Detail)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp"
 	"github.com/corral-sandbox/corral/internal/pathwalk"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -25,6 +26,9 @@ type Context struct {
 	StateDir string
 	ID       string
 	Session  string
+	// Path is the PATH the workload inherits; the plan keeps the entries
+	// that exist inside the sandbox.
+	Path string
 }
 
 // nobody is the identity used when nothing better is known; it owns nothing.
@@ -48,8 +52,9 @@ func Build(p *policy.Policy, c Context, h Host) (*Plan, error) {
 		Caged:    !p.SandboxDisabled(),
 		Workdir:  c.Workdir,
 		Hostname: "corral-" + c.ID,
+		Defaults: slices.Clone(p.Inherited),
 	}}
-	steps := []func() error{b.user, b.network, b.mounts, b.landlock, b.seccomp, b.limits}
+	steps := []func() error{b.user, b.network, b.mounts, b.path, b.landlock, b.seccomp, b.limits}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -244,28 +249,21 @@ func (b *builder) mounts() error {
 		}
 		src, err := resolve(b.h.FS, bd.path, writable)
 		if err != nil {
-			var le *linkError
-			switch {
-			case bd.why == "workdir":
+			if bd.why == "workdir" {
 				return fmt.Errorf("workdir %s: %w", bd.path, err)
-			case errors.As(err, &le):
-				b.skip(bd.path, le.Error())
-				b.warn("%s is not mounted: %s", bd.path, le.Error())
-			case errors.Is(err, fs.ErrNotExist):
-				b.skip(bd.path, "does not exist on this host")
-			default:
-				b.skip(bd.path, err.Error())
 			}
+			b.skipUnresolved(bd.path, err)
 			continue
 		}
 		targets[bd.path] = true
-		mounts = append(mounts, Mount{Kind: KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why})
+		m := Mount{Kind: KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why}
 		if !bd.readOnly {
-			b.checkWritable(bd.path, src)
+			m.IDMap = b.writeAccess(bd.path, src)
 			if b.c.StateDir != "" && under(b.c.StateDir, []string{src}) {
 				b.warn("%s is read_write and holds corral's state directory %s: the sandbox can rewrite audit logs and other sessions' scratch", bd.path, b.c.StateDir)
 			}
 		}
+		mounts = append(mounts, m)
 	}
 	u := b.pl.User
 	if !targets["/tmp"] {
@@ -274,6 +272,11 @@ func (b *builder) mounts() error {
 	if !underAny(u.Home, targets) && !under(u.Home, []string{"/tmp"}) {
 		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: u.Home, SizeBytes: size, Mode: 0o700, UID: u.UID, GID: u.GID,
 			Why: "private, empty home directory"})
+		b.homeEntries(&mounts, writable)
+	} else {
+		for _, e := range fsp.Home {
+			b.skip(filepath.Join(b.h.Home, e), fmt.Sprintf("the sandbox's home %s is not a private home (a policy path or /tmp holds it); filesystem_policy.home fills only a private one", u.Home))
+		}
 	}
 	if st := b.p.State; st != policy.StateNone {
 		dir := statedir.Ephemeral(b.c.StateDir, b.c.ID)
@@ -364,27 +367,162 @@ func (b *builder) skip(path, reason string) {
 	b.pl.Skipped = append(b.pl.Skipped, Skipped{Path: path, Reason: reason})
 }
 
-// checkWritable warns when a read_write path will not be writable by the
-// workload's user, which otherwise shows up as baffling EACCES later.
-func (b *builder) checkWritable(path, src string) {
+// skipUnresolved records a policy path that resolve refused or could not
+// find; a refused planted link is also a warning.
+func (b *builder) skipUnresolved(path string, err error) {
+	var le *linkError
+	switch {
+	case errors.As(err, &le):
+		b.skip(path, le.Error())
+		b.warn("%s is not mounted: %s", path, le.Error())
+	case errors.Is(err, fs.ErrNotExist):
+		b.skip(path, "does not exist on this host")
+	default:
+		b.skip(path, err.Error())
+	}
+}
+
+// homeEntries mounts filesystem_policy.home read-only into the private
+// home, each at its place relative to the invoking user's home. They are
+// resolved like every policy path, so a symlink the sandbox could have
+// planted in a writable directory is refused. An entry owned by someone
+// other than the workload's user is idmapped onto it where possible, so
+// a 0600 ~/.npmrc of root's is readable by the unprivileged workload.
+func (b *builder) homeEntries(mounts *[]Mount, writable []string) {
+	u := b.pl.User
+	for _, e := range b.p.FilesystemPolicy.Home {
+		if b.h.Home == "" {
+			b.skip("~/"+e, "the invoking user has no home directory (set HOME)")
+			continue
+		}
+		host := filepath.Join(b.h.Home, e)
+		src, err := resolve(b.h.FS, host, writable)
+		if err != nil {
+			b.skipUnresolved(host, err)
+			continue
+		}
+		m := Mount{Kind: KindBind, Source: src, Target: filepath.Join(u.Home, e), ReadOnly: true, Why: "filesystem_policy.home"}
+		if fi, err := b.h.FS.Lstat(src); err == nil && fi.UID != u.UID {
+			mp := idmap.Mapping{DiskUID: fi.UID, DiskGID: fi.GID, UID: u.UID, GID: u.GID}
+			if b.idmapRefusal(src, mp, false) == "" {
+				m.IDMap = &mp
+			}
+		}
+		*mounts = append(*mounts, m)
+	}
+}
+
+// writeAccess decides how the workload writes a read_write path. Where it
+// could not write it otherwise and does not own it, the path is idmapped:
+// its owner appears as the workload's user, whose files land on disk owned
+// by that owner, so a root-owned workdir is written as root would without
+// the workload being root, and git finds the repository owned by whoever
+// runs it. A path the workload can write already (a shared 1777
+// directory) is left alone: being its owner would also let it delete other
+// users' files there. Where no idmap is possible it warns, because the
+// EACCES later would be baffling.
+func (b *builder) writeAccess(path, src string) *idmap.Mapping {
 	fi, err := b.h.FS.Lstat(src)
 	if err != nil {
-		return
+		return nil
 	}
 	u := b.pl.User
-	ok := false
+	if canWrite(fi, u) {
+		return nil
+	}
+	if fi.UID != u.UID && !b.pl.Rootless {
+		mp := idmap.Mapping{DiskUID: fi.UID, DiskGID: fi.GID, UID: u.UID, GID: u.GID}
+		mapped := fi
+		mapped.UID, mapped.GID = u.UID, u.GID
+		switch why := b.idmapRefusal(src, mp, true); {
+		case why != "":
+			b.warn("%s is read_write but not writable by uid %d (owner %d:%d, mode %04o) and cannot be idmapped onto it here (%s); set process.run_as_user or fix its ownership",
+				path, u.UID, fi.UID, fi.GID, fi.Perm, why)
+			return nil
+		case canWrite(mapped, u):
+			return &mp
+		}
+	}
+	b.warn("%s is read_write but not writable by uid %d (owner %d:%d, mode %04o); set process.run_as_user or fix its ownership",
+		path, u.UID, fi.UID, fi.GID, fi.Perm)
+	return nil
+}
+
+func canWrite(fi FileInfo, u User) bool {
 	switch {
 	case fi.UID == u.UID:
-		ok = fi.Perm&0o200 != 0
+		return fi.Perm&0o200 != 0
 	case slices.Contains(u.Groups, fi.GID) || fi.GID == u.GID:
-		ok = fi.Perm&0o020 != 0
-	default:
-		ok = fi.Perm&0o002 != 0
+		return fi.Perm&0o020 != 0
 	}
-	if !ok {
-		b.warn("%s is read_write but not writable by uid %d (owner %d:%d, mode %04o); set process.run_as_user or fix its ownership",
-			path, u.UID, fi.UID, fi.GID, fi.Perm)
+	return fi.Perm&0o002 != 0
+}
+
+// idmapRefusal says why src cannot be idmapped with mp here, or "" when it
+// can. A writable idmapped mount is refused under seccomp: relaxed, which
+// lets io_uring create files with modes seccomp never sees: a set-user-ID
+// file the workload made would be owned on the host by the mapped owner,
+// root for a root-owned workdir.
+func (b *builder) idmapRefusal(src string, mp idmap.Mapping, writable bool) string {
+	switch {
+	case b.pl.Rootless || b.h.IDMap == nil:
+		return "idmapped mounts need corral to run as root"
+	case writable && b.p.SeccompProfile() != policy.SeccompDefault:
+		return fmt.Sprintf("seccomp: %s would let the workload create set-user-ID files owned by uid %d on the host — use seccomp: default", b.p.SeccompProfile(), mp.DiskUID)
 	}
+	if err := b.h.IDMap.Probe(src, mp); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// path keeps the PATH entries that can exist inside the sandbox. The
+// host's PATH names host directories (root's ~/.cargo/bin, a pyenv shim
+// directory, /snap/bin) that the sandbox does not have, and a shell would
+// search them in vain. Relative entries are kept (they are relative to the
+// workdir), and so are entries in writable places: the workload may create
+// them (pip install --user makes ~/.local/bin).
+func (b *builder) path() error {
+	if b.c.Path == "" {
+		return nil
+	}
+	var kept []string
+	for _, dir := range filepath.SplitList(b.c.Path) {
+		if filepath.IsAbs(dir) && !b.mayExistInside(filepath.Clean(dir)) {
+			b.pl.PathDropped = append(b.pl.PathDropped, dir)
+			continue
+		}
+		kept = append(kept, dir)
+	}
+	b.pl.Path = strings.Join(kept, string(filepath.ListSeparator))
+	return nil
+}
+
+// mayExistInside reports whether dir exists in the sandbox's tree or can
+// be created there. A mountpoint and the directories leading to one exist;
+// below the deepest mount covering dir, a writable mount may get it, a
+// read-only bind shows its host source, and procfs and /dev hold no
+// directories of the host. A symlink on the host counts as existing: where
+// it leads inside is not worth guessing.
+func (b *builder) mayExistInside(dir string) bool {
+	var cover *Mount
+	for i := range b.pl.Mounts {
+		m := &b.pl.Mounts[i]
+		if under(m.Target, []string{dir}) {
+			return true
+		}
+		if under(dir, []string{m.Target}) && (cover == nil || depth(m.Target) > depth(cover.Target)) {
+			cover = m
+		}
+	}
+	switch {
+	case cover == nil || cover.Kind == KindProc || cover.Kind == KindDev:
+		return false
+	case cover.Kind == KindTmpfs || !cover.ReadOnly:
+		return true
+	}
+	fi, err := b.h.FS.Lstat(filepath.Join(cover.Source, strings.TrimPrefix(dir, cover.Target)))
+	return err == nil && (fi.Type == TypeDir || fi.Type == TypeSymlink)
 }
 
 func (b *builder) landlock() error {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -95,8 +96,15 @@ func debianHost() Host {
 			"/srv": "", "/srv/data": "owner=0:0 mode=0755", "/root": "owner=0:0 mode=0700", "/root/w": "owner=0:0",
 		},
 		Users: fakeUsers{"ada": {UID: 1000, GID: 1000, Name: "ada", Home: "/home/ada", Groups: []uint32{1000, 27}}},
+		Home:  "/root",
+		IDMap: fakeIDMapper{},
 	}
 }
+
+// fakeIDMapper refuses to idmap the paths it lists, with their error.
+type fakeIDMapper map[string]error
+
+func (f fakeIDMapper) Probe(path string, _ idmap.Mapping) error { return f[path] }
 
 func TestBuildGolden(t *testing.T) {
 	rootless := debianHost()

@@ -68,6 +68,9 @@ func (p *Plan) WriteText(w io.Writer) error {
 	if !p.Caged {
 		ew.printf("sandbox: DISABLED — the command runs with no isolation (walltime is still enforced)\n")
 	}
+	if len(p.Defaults) > 0 {
+		ew.printf("from the built-in default: %s (left out of the policy file; a section it names replaces the default's whole, extends: none takes none)\n", strings.Join(p.Defaults, ", "))
+	}
 	ew.printf("workdir: %s\n", p.Workdir)
 	ew.printf("hostname: %s\n", p.Hostname)
 	ew.printf("namespaces: %s\n", strings.Join(p.Namespaces, " "))
@@ -78,6 +81,12 @@ func (p *Plan) WriteText(w io.Writer) error {
 	ew.printf("privileges: %s\n", mode)
 	ew.printf("user: uid=%d gid=%d groups=%v name=%s home=%s (%s)\n", p.User.UID, p.User.GID, p.User.Groups, p.User.Name, p.User.Home, p.User.Why)
 	ew.printf("  all capabilities dropped (bounding, ambient, permitted), no_new_privs set\n")
+	if p.Path != "" || len(p.PathDropped) > 0 {
+		ew.printf("PATH: %s\n", p.Path)
+		if len(p.PathDropped) > 0 {
+			ew.printf("  left out, not inside the sandbox: %s\n", strings.Join(p.PathDropped, " "))
+		}
+	}
 
 	ew.printf("\nmounts (in order; nothing else exists inside):\n")
 	for i, m := range p.Mounts {
@@ -91,7 +100,11 @@ func (p *Plan) WriteText(w io.Writer) error {
 			if m.Source != m.Target {
 				src = " from " + m.Source
 			}
-			ew.printf("  %2d. bind  %s %s%s nosuid,nodev  (%s)\n", i+1, access, m.Target, src, m.Why)
+			idmapped := ""
+			if m.IDMap != nil {
+				idmapped = ",idmap(" + m.IDMap.String() + ")"
+			}
+			ew.printf("  %2d. bind  %s %s%s nosuid,nodev%s  (%s)\n", i+1, access, m.Target, src, idmapped, m.Why)
 		case KindTmpfs:
 			ew.printf("  %2d. tmpfs rw %s mode=%04o uid=%d%s  (%s)\n", i+1, m.Target, m.Mode, m.UID, sizeOpt(m), m.Why)
 		default:

@@ -5,10 +5,12 @@ import (
 	"io/fs"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"syscall"
 
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/linux/landlock"
 )
 
@@ -20,6 +22,19 @@ type Host struct {
 	Cgroups     cgroup.Facts
 	FS          FileSystem
 	Users       UserDB
+	// Home is the invoking user's home directory, which
+	// filesystem_policy.home entries are relative to: $HOME, else the
+	// user database's home of the effective uid.
+	Home string
+	// IDMap makes idmapped bind mounts; nil where corral cannot (it is
+	// not root).
+	IDMap IDMapper
+}
+
+// IDMapper tells whether a host path can be bind-mounted idmapped with m,
+// by trying it.
+type IDMapper interface {
+	Probe(path string, m idmap.Mapping) error
 }
 
 // FileType is the kind of file at a path, without following a final symlink.
@@ -72,8 +87,36 @@ func LocalHost() Host {
 		Cgroups:     cgroup.Detect(),
 		FS:          osFS{},
 		Users:       osUsers{},
+		Home:        invokingHome(),
+		IDMap:       idmapper(),
 	}
 }
+
+// invokingHome is what ~ means to the user who ran corral. As root through
+// sudo that is whatever HOME sudo left (root's home unless the user kept
+// theirs): $SUDO_USER names someone else, not the one corral runs as.
+func invokingHome() string {
+	if h := os.Getenv("HOME"); filepath.IsAbs(h) {
+		return filepath.Clean(h)
+	}
+	if u, err := user.LookupId(strconv.Itoa(os.Geteuid())); err == nil && filepath.IsAbs(u.HomeDir) {
+		return filepath.Clean(u.HomeDir)
+	}
+	return ""
+}
+
+// idmapper is nil unless corral is root in the initial user namespace,
+// the only place idmapped mounts of host filesystems can be made.
+func idmapper() IDMapper {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	return osIDMapper{}
+}
+
+type osIDMapper struct{}
+
+func (osIDMapper) Probe(path string, m idmap.Mapping) error { return idmap.Probe(path, m) }
 
 type osFS struct{}
 

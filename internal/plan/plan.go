@@ -4,7 +4,11 @@
 // the whole translation is table- and snapshot-tested without root.
 package plan
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/corral-sandbox/corral/internal/linux/idmap"
+)
 
 // Plan is everything the in-sandbox init needs, and everything explain shows.
 // It travels to the init as JSON, so field names are part of the protocol
@@ -13,6 +17,9 @@ type Plan struct {
 	Caged    bool   `json:"caged"`
 	Workdir  string `json:"workdir"`
 	Hostname string `json:"hostname"`
+	// Defaults are the policy's top-level sections taken from the built-in
+	// default because the file left them out.
+	Defaults []string `json:"policy_defaults,omitempty"`
 
 	Namespaces []string `json:"namespaces"`
 	// Rootless means the sandbox gets a user namespace that maps the invoking
@@ -22,6 +29,10 @@ type Plan struct {
 	Mounts   []Mount `json:"mounts"`
 	// Skipped lists policy paths that will not appear inside, with why.
 	Skipped []Skipped `json:"skipped,omitempty"`
+	// Path is the workload's PATH: the inherited one without the entries
+	// that do not exist inside (PathDropped).
+	Path        string   `json:"path,omitempty"`
+	PathDropped []string `json:"path_dropped,omitempty"`
 
 	Landlock Landlock `json:"landlock"`
 	Seccomp  Seccomp  `json:"seccomp"`
@@ -69,7 +80,11 @@ type Mount struct {
 	Mode uint32 `json:"mode,omitempty"`
 	UID  uint32 `json:"uid,omitempty"`
 	GID  uint32 `json:"gid,omitempty"`
-	Why  string `json:"why"`
+	// IDMap, on a bind, shows the source's owner as the workload's user:
+	// what it creates lands on disk owned by that owner, so a workload that
+	// is not root can write a root-owned workdir as its owner.
+	IDMap *idmap.Mapping `json:"idmap,omitempty"`
+	Why   string         `json:"why"`
 }
 
 // Skipped is a policy path that will not be available inside.
@@ -184,7 +199,7 @@ func (n Network) ProxyEnv() []string {
 // Where proxy mode puts the sandbox CA inside the sandbox. The directory
 // is a mount corral owns, so nothing in the policy can shadow or edit it.
 const (
-	TLSDir       = "/run/corral"
+	TLSDir         = "/run/corral"
 	CABundlePath   = TLSDir + "/ca-bundle.pem"  // host roots + sandbox CA
 	CACertPath     = TLSDir + "/ca.pem"         // sandbox CA alone
 	TrustStorePath = TLSDir + "/truststore.p12" // the bundle as a Java trust store

@@ -19,7 +19,7 @@ func DefaultYAML() []byte {
 // Default returns a fresh copy of the built-in default policy. It panics
 // only if the embedded file is invalid, which a test rules out.
 func Default() *Policy {
-	p, err := Parse(defaultYAML, DefaultSource)
+	p, err := ParseOnto(defaultYAML, DefaultSource, nil)
 	if err != nil {
 		panic("policy: embedded default.yaml is invalid: " + err.Error())
 	}

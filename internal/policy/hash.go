@@ -7,10 +7,13 @@ import (
 	"slices"
 )
 
-// SHA256 returns the hex SHA-256 of the policy's canonical JSON: defaults
-// applied (on a copy), struct fields in declaration order, map keys sorted.
-// It therefore ignores YAML formatting, comments and key order, but not
-// list order, which can be meaningful. It returns "" only for a policy that
+// SHA256 returns the hex SHA-256 of the policy's canonical JSON: the
+// effective policy (sections taken from the default included, extends
+// dropped, since it has done its work), defaults applied (on a copy),
+// struct fields in declaration order, map keys sorted. It therefore
+// ignores YAML formatting, comments and key order, and whether a section
+// was written out or inherited, but not list order, which can be
+// meaningful. It returns "" only for a policy that
 // cannot be encoded (a NaN limit, say), which validation rules out.
 func (p *Policy) SHA256() string {
 	b, err := p.CanonicalJSON()
@@ -25,6 +28,7 @@ func (p *Policy) SHA256() string {
 func (p *Policy) CanonicalJSON() ([]byte, error) {
 	c := p.clone()
 	c.ApplyDefaults()
+	c.Extends = ""
 	return json.Marshal(c)
 }
 
@@ -36,6 +40,10 @@ func (p *Policy) clone() *Policy {
 		v := *w
 		c.FilesystemPolicy.IncludeWorkdir = &v
 	}
+	c.FilesystemPolicy.ReadOnly = slices.Clone(p.FilesystemPolicy.ReadOnly)
+	c.FilesystemPolicy.ReadWrite = slices.Clone(p.FilesystemPolicy.ReadWrite)
+	c.FilesystemPolicy.Home = slices.Clone(p.FilesystemPolicy.Home)
+	c.Inherited = slices.Clone(p.Inherited)
 	c.Network.Allow = append([]string(nil), p.Network.Allow...)
 	if p.NetworkPolicies != nil {
 		c.NetworkPolicies = make(map[string]NetworkPolicy, len(p.NetworkPolicies))

@@ -67,7 +67,7 @@ network_policies:
 
 func TestSHA256AppliesDefaultsWithoutMutating(t *testing.T) {
 	raw := &Policy{Version: 1}
-	parsed := mustParse(t, "version: 1\n")
+	parsed := mustParse(t, "version: 1\nextends: none\n")
 	if raw.SHA256() != parsed.SHA256() {
 		t.Errorf("hash of an undefaulted policy differs from its parsed form")
 	}
@@ -77,7 +77,7 @@ func TestSHA256AppliesDefaultsWithoutMutating(t *testing.T) {
 }
 
 func TestCanonicalJSONShape(t *testing.T) {
-	b, err := mustParse(t, "version: 1\n").CanonicalJSON()
+	b, err := mustParse(t, "version: 1\nextends: none\n").CanonicalJSON()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestCanonicalJSONShape(t *testing.T) {
 		t.Errorf("canonical JSON:\n got %s\nwant %s", b, want)
 	}
 	var back Policy
-	if err := json.Unmarshal(b, &back); err != nil || back.SHA256() != mustParse(t, "version: 1\n").SHA256() {
+	if err := json.Unmarshal(b, &back); err != nil || back.SHA256() != mustParse(t, "version: 1\nextends: none\n").SHA256() {
 		t.Errorf("canonical JSON does not round-trip: %v", err)
 	}
 }

@@ -29,36 +29,93 @@ func Load(path string) (*Policy, error) {
 	return p, nil
 }
 
-// Parse decodes one YAML policy document strictly, applies defaults and
-// validates it. source names the input (a path, "git:REF:PATH", "<default>")
-// and is recorded in Policy.Source; errors are not prefixed with it so that
-// callers such as Load can add their own context without repeating it.
+// Parse decodes one YAML policy document strictly, takes every top-level
+// section it leaves out from the built-in default (see ParseOnto), applies
+// defaults and validates it. source names the input (a path,
+// "git:REF:PATH", "<default>") and is recorded in Policy.Source; errors are
+// not prefixed with it so that callers such as Load can add their own
+// context without repeating it.
 //
 // Unknown fields, type mismatches and failed validation rules are returned
-// together as a *ValidationError. Syntax errors, empty input and multiple
-// documents are plain errors.
+// together as a *ValidationError, all of them at once. Syntax errors, empty
+// input and multiple documents are plain errors.
 func Parse(data []byte, source string) (*Policy, error) {
+	return ParseOnto(data, source, Default())
+}
+
+// ParseOnto is Parse with base in place of the built-in default. Every
+// top-level section except version and extends that the document does not
+// name is copied from base and listed in Inherited; a section it names,
+// even as an empty mapping, replaces base's section whole, so no section is
+// ever a hidden mix of two files. "extends: none" in the document, or a nil
+// base, leaves unnamed sections empty.
+func ParseOnto(data []byte, source string, base *Policy) (*Policy, error) {
 	root, err := parseDocument(data)
 	if err != nil {
 		return nil, err
 	}
 	w := &walker{budget: maxWalkNodes}
 	w.walk(root, reflect.TypeFor[Policy](), "")
-	if len(w.problems) > 0 {
+	if w.budget <= 0 {
+		// Decoding an alias bomb is what the budget is there to prevent.
 		return nil, &ValidationError{Problems: w.problems}
 	}
+	dropDuplicateKeys(root)
 	var p Policy
-	if err := root.Decode(&p); err != nil {
-		// The walker checks the same things, so this is a backstop for
-		// cases it does not model (custom tags, integer overflow).
+	// Decode keeps going past type mismatches, leaving those fields unset,
+	// so the rules below still check everything else. The walker reports
+	// the same mismatches with better messages; Decode's error matters
+	// only for what the walker does not model (custom tags, overflow).
+	if err := root.Decode(&p); err != nil && len(w.problems) == 0 {
 		return nil, decodeError(err)
 	}
 	p.Source = source
+	p.inherit(root, base)
 	p.ApplyDefaults()
-	if err := p.Validate(); err != nil {
-		return nil, err
+	problems := w.problems
+	for _, pr := range p.check().errs {
+		if !w.explains(pr) {
+			problems = append(problems, pr)
+		}
+	}
+	if len(problems) > 0 {
+		return nil, &ValidationError{Problems: problems}
 	}
 	return &p, nil
+}
+
+// inherit copies from base every top-level section the document rooted at
+// root does not name.
+func (p *Policy) inherit(root *yaml.Node, base *Policy) {
+	if base == nil || p.Extends == ExtendsNone {
+		return
+	}
+	named := map[string]bool{}
+	(&walker{budget: maxWalkNodes}).mapping(root, "", false, func(key string, _, _ *yaml.Node, _ bool) {
+		named[key] = true
+	})
+	from := reflect.ValueOf(base.clone()).Elem()
+	to := reflect.ValueOf(p).Elem()
+	// A section equal to what an empty one defaults to adds nothing worth
+	// naming in Inherited (the default's "landlock: best_effort").
+	empty := &Policy{}
+	empty.ApplyDefaults()
+	unset := reflect.ValueOf(empty).Elem()
+	fields := structFields(reflect.TypeFor[Policy]())
+	for _, name := range fields.names {
+		if named[name] || name == "version" || name == "extends" {
+			continue
+		}
+		f := fields.byName[name]
+		v := from.FieldByIndex(f.Index)
+		if v.IsZero() {
+			continue
+		}
+		to.FieldByIndex(f.Index).Set(v)
+		if !reflect.DeepEqual(v.Interface(), unset.FieldByIndex(f.Index).Interface()) {
+			p.Inherited = append(p.Inherited, name)
+		}
+	}
 }
 
 // parseDocument returns the single top-level mapping of data.
@@ -96,6 +153,31 @@ func parseDocument(data []byte) (*yaml.Node, error) {
 		return nil, fmt.Errorf("line %d: the policy must be a mapping of fields, got %s — start the file with \"version: 1\"", root.Line, describeNode(root))
 	}
 	return root, nil
+}
+
+// dropDuplicateKeys keeps the first of each repeated key of every mapping
+// (the walker has reported the others): the decoder would otherwise skip
+// the whole mapping, and the rules would report its fields as missing.
+// Aliases are not followed; the mappings they name are in the tree anyway.
+func dropDuplicateKeys(n *yaml.Node) {
+	if n.Kind == yaml.MappingNode {
+		seen := map[string]bool{}
+		kept := n.Content[:0]
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind == yaml.ScalarNode && k.ShortTag() != mergeTag {
+				if seen[k.Value] {
+					continue
+				}
+				seen[k.Value] = true
+			}
+			kept = append(kept, k, n.Content[i+1])
+		}
+		n.Content = kept
+	}
+	for _, c := range n.Content {
+		dropDuplicateKeys(c)
+	}
 }
 
 func isEmptyDocument(doc *yaml.Node) bool {
@@ -147,6 +229,49 @@ const maxWalkNodes = 100000
 type walker struct {
 	problems []Problem
 	budget   int
+	// covered are paths whose value was not decoded (a type mismatch), so
+	// what the rules would say about them or below them repeats a problem.
+	covered []string
+	// bad are the paths of values of the wrong type; a rule about the
+	// mapping holding one (endpoint "no port") most likely complains about
+	// it.
+	bad []string
+	// partial maps the path of a mapping with an unknown key to the keys
+	// it has: a rule complaining that one of its fields is missing most
+	// likely complains about the misspelt one.
+	partial map[string]map[string]bool
+}
+
+// explains reports whether a problem found by the rules after decoding
+// follows from one the walker already reported.
+func (w *walker) explains(pr Problem) bool {
+	for _, c := range w.covered {
+		c = displayPath(c)
+		if pr.Path == c || strings.HasPrefix(pr.Path, c+".") || strings.HasPrefix(pr.Path, c+"[") {
+			return true
+		}
+	}
+	for _, b := range w.bad {
+		if i := strings.LastIndexAny(b, ".["); i > 0 && pr.Path == b[:i] {
+			return true
+		}
+	}
+	for parent, present := range w.partial {
+		if pr.Path == displayPath(parent) {
+			return true
+		}
+		rest := pr.Path
+		if parent != "" {
+			var ok bool
+			if rest, ok = strings.CutPrefix(pr.Path, parent+"."); !ok {
+				continue
+			}
+		}
+		if key, _, _ := strings.Cut(rest, "."); !present[strings.TrimRight(key, "[0123456789]")] {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *walker) add(path, msg, fix string) {
@@ -202,9 +327,12 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		}
 		fields := structFields(t)
 		seen := keySet{}
+		present, unknown := map[string]bool{}, false
 		w.mapping(n, path, false, func(key string, k, v *yaml.Node, merged bool) {
+			present[key] = true
 			f, ok := fields.byName[key]
 			if !ok {
+				unknown = true
 				w.add(joinPath(path, key), fmt.Sprintf("unknown field (line %d)", k.Line), unknownFix(key, fields.names))
 				return
 			}
@@ -213,6 +341,12 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			}
 			w.walk(v, f.Type, joinPath(path, key))
 		})
+		if unknown {
+			if w.partial == nil {
+				w.partial = map[string]map[string]bool{}
+			}
+			w.partial[path] = present
+		}
 	case reflect.Map:
 		if !w.expect(n, yaml.MappingNode, path) {
 			return
@@ -238,15 +372,15 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != intTag {
-			w.mismatch(n, path, "an integer", "write a whole number without quotes, e.g. 256")
+			w.mismatch(n, path, "an integer", "write a whole number without quotes, e.g. 256", yaml.Node{Kind: yaml.ScalarNode, Tag: intTag, Value: "0"})
 		}
 	case reflect.Float32, reflect.Float64:
 		if n.Kind != yaml.ScalarNode || (n.ShortTag() != intTag && n.ShortTag() != floatTag) {
-			w.mismatch(n, path, "a number", "write a number without quotes, e.g. 1.5")
+			w.mismatch(n, path, "a number", "write a number without quotes, e.g. 1.5", yaml.Node{Kind: yaml.ScalarNode, Tag: floatTag, Value: "0"})
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != boolTag {
-			w.mismatch(n, path, "true or false", "write true or false without quotes")
+			w.mismatch(n, path, "true or false", "write true or false without quotes", yaml.Node{Kind: yaml.ScalarNode, Tag: boolTag, Value: "false"})
 		}
 	}
 }
@@ -329,6 +463,7 @@ func (w *walker) walkAny(n *yaml.Node, path string) {
 		w.mapping(n, path, false, func(key string, k, v *yaml.Node, _ bool) {
 			if k.ShortTag() != strTag {
 				w.add(joinPath(path, key), fmt.Sprintf("key %s is not a string (line %d)", describeNode(k), k.Line), "quote the key")
+				w.covered = append(w.covered, path)
 				return
 			}
 			w.walkAny(v, joinPath(path, key))
@@ -342,6 +477,7 @@ func (w *walker) walkAny(n *yaml.Node, path string) {
 			f, err := strconv.ParseFloat(strings.TrimPrefix(n.Value, "+"), 64)
 			if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
 				w.add(path, fmt.Sprintf("%s is not a finite number (line %d)", strconv.Quote(n.Value), n.Line), "quote it to use it as text")
+				w.covered = append(w.covered, path)
 			}
 		}
 	}
@@ -353,17 +489,25 @@ func (w *walker) expect(n *yaml.Node, kind yaml.Kind, path string) bool {
 	}
 	switch kind {
 	case yaml.MappingNode:
-		w.mismatch(n, path, "a mapping", "write it as indented \"key: value\" lines")
+		w.mismatch(n, path, "a mapping", "write it as indented \"key: value\" lines", yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"})
 	case yaml.SequenceNode:
-		w.mismatch(n, path, "a list", "write it as [a, b] or as one \"- item\" line per entry")
+		w.mismatch(n, path, "a list", "write it as [a, b] or as one \"- item\" line per entry", yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"})
 	default:
-		w.mismatch(n, path, "a single value", "write one value; quote it if it contains special characters")
+		w.mismatch(n, path, "a single value", "write one value; quote it if it contains special characters", yaml.Node{Kind: yaml.ScalarNode, Tag: strTag})
 	}
 	return false
 }
 
-func (w *walker) mismatch(n *yaml.Node, path, want, fix string) {
+// mismatch reports n and replaces it with zero, the zero value of the type
+// expected: left in place (or made null), the decoder would drop a bad list
+// element and shift the later ones, and the rules would then report those
+// at the wrong index.
+func (w *walker) mismatch(n *yaml.Node, path, want, fix string, zero yaml.Node) {
 	w.add(path, fmt.Sprintf("expected %s, got %s (line %d)", want, describeNode(n), n.Line), fix)
+	w.covered = append(w.covered, path)
+	w.bad = append(w.bad, path)
+	zero.Line, zero.Column = n.Line, n.Column
+	*n = zero
 }
 
 func describeNode(n *yaml.Node) string {

@@ -83,9 +83,12 @@ func TestUnknownFieldsAndTypes(t *testing.T) {
 			`network_policies.p.endpoints[0].rules[0].allow.query.a.1: key number 1 is not a string (line 7) — quote the key`}},
 		{"secret field typo", "version: 1\nsecrets:\n  TOKEN:\n    from_evn: GH_TOKEN\n    hosts: [api.github.com]\n    header: [X-Token]\n", []string{
 			`secrets.TOKEN.from_evn: unknown field (line 4) — did you mean "from_env"?`,
-			`secrets.TOKEN.header: unknown field (line 6) — did you mean "headers"?`}},
+			`secrets.TOKEN.header: unknown field (line 6) — did you mean "headers"?`,
+			// Not a consequence of the typos, so reported with them.
+			`secrets.TOKEN.hosts[0]: secret TOKEN could not be swapped in requests to "api.github.com": no endpoint with protocol: rest terminates TLS for it — add an endpoint for api.github.com with protocol: rest and tls: terminate`}},
 		{"secret field unknown", "version: 1\nsecrets:\n  TOKEN: {value: hunter2, hosts: [api.github.com]}\n", []string{
-			`secrets.TOKEN.value: unknown field (line 3) — remove it; fields allowed here: from_env, from_file, hosts, headers`}},
+			`secrets.TOKEN.value: unknown field (line 3) — remove it; fields allowed here: from_env, from_file, hosts, headers`,
+			`secrets.TOKEN.hosts[0]: secret TOKEN could not be swapped in requests to "api.github.com": no endpoint with protocol: rest terminates TLS for it — add an endpoint for api.github.com with protocol: rest and tls: terminate`}},
 		{"secret hosts scalar", "version: 1\nsecrets:\n  TOKEN: {from_env: T, hosts: api.github.com}\n", []string{
 			`secrets.TOKEN.hosts: expected a list, got string "api.github.com" (line 3) — write it as [a, b] or as one "- item" line per entry`}},
 		{"secrets as list", "version: 1\nsecrets: [GITHUB_TOKEN]\n", []string{
@@ -154,7 +157,7 @@ network_policies:
 
 	// A merged key is checked against the type it lands in.
 	got := problems(t, "version: 1\nlimits: &l {pids: 5}\nfilesystem_policy:\n  <<: *l\n")
-	want := []string{`filesystem_policy.pids: unknown field (line 2) — remove it; fields allowed here: include_workdir, read_only, read_write`}
+	want := []string{`filesystem_policy.pids: unknown field (line 2) — remove it; fields allowed here: include_workdir, read_only, read_write, home`}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
@@ -208,7 +211,7 @@ func TestDefaultsApplied(t *testing.T) {
 		t.Errorf("LandlockHard/SandboxDisabled should be false")
 	}
 
-	p, err = Parse([]byte("version: 1\nfilesystem_policy: {include_workdir: false}\nlandlock: {compatibility: hard_requirement}\nsandbox: disabled\n"), "")
+	p, err = Parse([]byte("version: 1\nextends: none\nfilesystem_policy: {include_workdir: false}\nlandlock: {compatibility: hard_requirement}\nsandbox: disabled\n"), "")
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}

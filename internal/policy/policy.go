@@ -40,6 +40,9 @@ const (
 	AccessReadOnly  = "read-only"
 	AccessReadWrite = "read-write"
 	AccessFull      = "full"
+
+	ExtendsDefault = "default"
+	ExtendsNone    = "none"
 )
 
 // Limits enforced by validation.
@@ -76,6 +79,7 @@ const (
 // in the JSON Schema and in canonical JSON.
 type Policy struct {
 	Version          int                      `yaml:"version" json:"version" jsonschema:"required,enum=1" jsonschema_description:"Policy schema version. Must be 1."`
+	Extends          string                   `yaml:"extends,omitempty" json:"extends,omitempty" jsonschema:"enum=default,enum=none,default=default" jsonschema_description:"default: every top-level section the file leaves out is the built-in default's (for corral policy set: the running policy's); a section the file names replaces that section whole. none: sections left out are empty."`
 	Sandbox          string                   `yaml:"sandbox,omitempty" json:"sandbox,omitempty" jsonschema:"enum=enabled,enum=disabled,default=enabled" jsonschema_description:"Whether to sandbox the command at all. disabled runs it unconfined (for debugging only)."`
 	FilesystemPolicy FilesystemPolicy         `yaml:"filesystem_policy,omitempty" json:"filesystem_policy,omitzero" jsonschema_description:"Which host paths are visible inside the sandbox and how."`
 	Landlock         LandlockPolicy           `yaml:"landlock,omitempty" json:"landlock,omitzero" jsonschema_description:"Landlock LSM settings."`
@@ -90,6 +94,10 @@ type Policy struct {
 	// Source records where the policy was loaded from (a path, a git ref,
 	// "<default>"); it is not part of the policy and not hashed.
 	Source string `yaml:"-" json:"-"`
+	// Inherited lists the top-level sections that came from the base
+	// policy (the built-in default, or the running policy for a reload)
+	// because the file left them out; like Source it is not hashed.
+	Inherited []string `yaml:"-" json:"-"`
 }
 
 // FilesystemPolicy lists host paths exposed to the sandbox.
@@ -99,6 +107,7 @@ type FilesystemPolicy struct {
 	IncludeWorkdir *bool    `yaml:"include_workdir,omitempty" json:"include_workdir,omitempty" jsonschema:"default=true" jsonschema_description:"Mount the working directory read-write. Default true."`
 	ReadOnly       []string `yaml:"read_only,omitempty" json:"read_only,omitempty" jsonschema_description:"Absolute host paths mounted read-only. Missing paths are skipped."`
 	ReadWrite      []string `yaml:"read_write,omitempty" json:"read_write,omitempty" jsonschema_description:"Absolute host paths mounted read-write."`
+	Home           []string `yaml:"home,omitempty" json:"home,omitempty" jsonschema_description:"Files and directories of your home (relative paths such as .gitconfig or .config/gh), mounted read-only at the same place in the sandbox's otherwise empty home. Missing ones are skipped."`
 }
 
 // LandlockPolicy configures how strictly Landlock must be available.

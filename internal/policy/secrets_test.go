@@ -83,7 +83,7 @@ func TestSecretRules(t *testing.T) {
 		{"endpoint pattern does not match", endpointPolicy("host: '*.example.com'\nport: 443\nprotocol: rest\ntls: terminate\naccess: full") + "secrets:\n  TOKEN: {from_env: T, hosts: [example.com, a.b.example.com]}\n", []string{
 			`secrets.TOKEN.hosts[0]: secret TOKEN could not be swapped in requests to "example.com": no endpoint with protocol: rest terminates TLS for it — add an endpoint for example.com with protocol: rest and tls: terminate`,
 			`secrets.TOKEN.hosts[1]: secret TOKEN could not be swapped in requests to "a.b.example.com": no endpoint with protocol: rest terminates TLS for it — add an endpoint for a.b.example.com with protocol: rest and tls: terminate`}},
-		{"block mode", "version: 1\nsecrets:\n  TOKEN: {from_env: T, hosts: [api.example.com]}\n", []string{
+		{"block mode", "version: 1\nnetwork: {mode: block}\nsecrets:\n  TOKEN: {from_env: T, hosts: [api.example.com]}\n", []string{
 			`secrets: network mode block leaves no network, so no secret can ever be used — allow the secrets' hosts with network_policies endpoints using protocol: rest and tls: terminate, or remove secrets`}},
 	}
 	for _, tt := range tests {

@@ -10,7 +10,7 @@ func TestStaticDiff(t *testing.T) {
 	cases := []staticCase{
 		{"network policies may change", "version: 1\nnetwork: {allow: [\"b.example.com:443\"]}\nlimits: {pids: 10}\n", nil},
 		{"limits may not", "version: 1\nnetwork: {allow: [\"a.example.com:443\"]}\nlimits: {pids: 11}\n", []string{"limits"}},
-		{"mode may not", "version: 1\nlimits: {pids: 10}\n", []string{"network.mode"}},
+		{"mode may not", "version: 1\nnetwork: {mode: block}\nlimits: {pids: 10}\n", []string{"network.mode"}},
 		{"filesystem and seccomp may not", "version: 1\nnetwork: {allow: [\"a.example.com:443\"]}\nlimits: {pids: 10}\nseccomp: relaxed\nfilesystem_policy: {read_only: [/usr]}\n",
 			[]string{"filesystem_policy", "seccomp"}},
 	}

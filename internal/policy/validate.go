@@ -108,10 +108,14 @@ func checkEnum(r *report, path, value string, allowEmpty bool, allowed ...string
 	if allowEmpty {
 		fix += " (or leave it out)"
 	}
+	if s := suggest(value, allowed); s != "" {
+		fix = fmt.Sprintf("did you mean %q? (%s)", s, fix)
+	}
 	r.errorf(path, fix, "unknown value %q", value)
 }
 
 func checkEnums(p *Policy, r *report) {
+	checkEnum(r, "extends", p.Extends, true, ExtendsDefault, ExtendsNone)
 	checkEnum(r, "sandbox", p.Sandbox, true, SandboxEnabled, SandboxDisabled)
 	checkEnum(r, "landlock.compatibility", p.Landlock.Compatibility, true, LandlockBestEffort, LandlockHardRequirement)
 	checkEnum(r, "network.mode", p.Network.Mode, true, ModeBlock, ModeProxy, ModeAllow)
@@ -160,10 +164,42 @@ func checkFilesystem(p *Policy, r *report) {
 			r.errorf(at, "keep it in one list; read_write already allows reading", "%q is also listed in read_only", path)
 		}
 	}
+	for i, entry := range fs.Home {
+		if msg, fix := checkHomeEntry(entry); msg != "" {
+			r.errorf(fmt.Sprintf("filesystem_policy.home[%d]", i), fix, "%s", msg)
+		}
+	}
 	if n := len(fs.ReadOnly) + len(fs.ReadWrite); n > MaxPaths {
 		r.errorf("filesystem_policy", "list common parent directories instead of individual paths",
 			"%d paths in read_only and read_write, more than the limit of %d", n, MaxPaths)
 	}
+	if n := len(fs.Home); n > MaxPaths {
+		r.errorf("filesystem_policy.home", "list common parent directories instead of individual files",
+			"%d entries, more than the limit of %d", n, MaxPaths)
+	}
+}
+
+// checkHomeEntry validates a path relative to the home directory. It must
+// stay below the home: the entry names one dotfile, never the whole home.
+func checkHomeEntry(e string) (msg, fix string) {
+	clean := filepath.Clean(e)
+	switch {
+	case e == "":
+		return "empty path", "give a path relative to your home such as .gitconfig, or remove the entry"
+	case strings.ContainsRune(e, 0):
+		return fmt.Sprintf("path %q contains a NUL byte", e), "remove the NUL byte"
+	case strings.HasPrefix(e, "~"):
+		return fmt.Sprintf("path %q starts with ~", e), fmt.Sprintf("entries are relative to your home already: write %q", strings.TrimLeft(strings.TrimPrefix(e, "~"), "/"))
+	case filepath.IsAbs(e):
+		return fmt.Sprintf("path %q is absolute", e), "write it relative to your home (e.g. .gitconfig), or list an absolute path in read_only"
+	case slices.Contains(strings.Split(e, "/"), ".."):
+		return fmt.Sprintf("path %q contains a \"..\" component", e), "name a file or directory below your home; list other paths in read_only"
+	case clean == ".":
+		return "the whole home directory cannot be listed", "list the files and directories the agent needs, e.g. .gitconfig"
+	case clean != e:
+		return fmt.Sprintf("path %q is not in clean form", e), fmt.Sprintf("write it as %q", clean)
+	}
+	return "", ""
 }
 
 var accountName = regexp.MustCompile(`^[a-z_][a-z0-9_-]*[$]?$`)

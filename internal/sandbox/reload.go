@@ -65,7 +65,9 @@ func (s *supervisor) Status() control.Status {
 
 // SetPolicy implements control.Handler: last-known-good semantics, so a
 // policy that fails validation, changes a static section or fails to
-// compile never replaces the working one.
+// compile never replaces the working one. The sections the new file leaves
+// out stay as they run (unless it says extends: none), so a file holding
+// only network_policies is a complete reload.
 func (s *supervisor) SetPolicy(yaml []byte, source string) error {
 	s.pol.mu.Lock()
 	defer s.pol.mu.Unlock()
@@ -74,7 +76,7 @@ func (s *supervisor) SetPolicy(yaml []byte, source string) error {
 		s.Log.Warn("policy reload rejected; the running policy stays in force", "err", err)
 		return err
 	}
-	p, err := policy.Parse(yaml, source)
+	p, err := policy.ParseOnto(yaml, source, s.pol.current)
 	if err != nil {
 		return fail(err)
 	}

@@ -125,7 +125,7 @@ func (d *Dialer) Dial(ctx context.Context, r egress.Request, allowed []netip.Pre
 // candidates returns the addresses r may stand for, IPv4-mapped forms
 // unmapped (so they dial as the IPv4 they are) and duplicates dropped.
 func (d *Dialer) candidates(ctx context.Context, r egress.Request) ([]netip.Addr, error) {
-	deny := func(detail string) error {
+	deny := func(detail string) *egress.DenyError {
 		return &egress.DenyError{Request: r, Decision: egress.Decision{Reason: egress.ReasonResolve, Detail: detail}}
 	}
 	var raw []netip.Addr
@@ -137,7 +137,9 @@ func (d *Dialer) candidates(ctx context.Context, r egress.Request) ([]netip.Addr
 		}
 		addrs, err := d.lookup(ctx, r.Host)
 		if err != nil {
-			return nil, deny(fmt.Sprintf("resolve %s: %v", r.Host, err))
+			de := deny(fmt.Sprintf("resolve %s: %v", r.Host, err))
+			de.Decision.Reason = egress.UpstreamReason(err, egress.ReasonResolve)
+			return nil, de
 		}
 		raw = addrs
 	case r.IP.IsValid():

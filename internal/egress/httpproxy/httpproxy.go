@@ -306,7 +306,8 @@ type denyBody struct {
 }
 
 // refuse answers a failed gate.Connect: 403 for a policy refusal, 502 when
-// the destination was allowed but could not be reached, since the remedy
+// the destination was allowed but could not be resolved or refused the
+// connection, 504 when it did not answer in time, since the remedy
 // differs.
 func (s *Server) refuse(c net.Conn, err error) {
 	defer c.Close()
@@ -327,8 +328,13 @@ func (s *Server) refuse(c net.Conn, err error) {
 	}
 	status := http.StatusForbidden
 	switch d.Reason {
-	case egress.ReasonUpstream, egress.ReasonResolve:
+	case egress.ReasonUpstream, egress.ReasonResolve, egress.ReasonUpstreamTimeout:
+		// Clients that show only the status line (pip's "Cannot connect
+		// to proxy") tell a dead or unknown host from a slow one by it.
 		status = http.StatusBadGateway
+		if d.Reason == egress.ReasonUpstreamTimeout {
+			status = http.StatusGatewayTimeout
+		}
 		body.Error = "corral allowed the connection but could not reach the destination"
 		body.NextSteps = "check that " + r.Target() + " exists and is reachable from the host; this is not a policy refusal"
 	case egress.ReasonSNIMismatch, egress.ReasonHostMismatch:

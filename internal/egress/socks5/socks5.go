@@ -238,7 +238,7 @@ func refusalCode(err error) byte {
 		return RepGeneralFailure
 	}
 	switch de.Decision.Reason {
-	case egress.ReasonResolve:
+	case egress.ReasonResolve, egress.ReasonUpstreamTimeout:
 		return RepHostUnreachable
 	case egress.ReasonUpstream:
 		// The gate keeps only the dial error's text.

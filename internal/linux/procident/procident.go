@@ -153,7 +153,7 @@ func findFD(pid int, target string) int {
 // candidate process must have one identity; usually there is exactly one.
 func (r *Resolver) identifyRefs(refs []fdRef) (egress.Identity, error) {
 	if len(refs) == 0 {
-		return egress.Identity{}, fmt.Errorf("no process of sandbox %d holds the socket", r.InitPID)
+		return egress.Identity{}, fmt.Errorf("no process of sandbox %d holds the socket: %w", r.InitPID, egress.ErrProcessExited)
 	}
 	slices.SortStableFunc(refs, func(a, b fdRef) int { return a.pid - b.pid })
 	var id egress.Identity
@@ -199,7 +199,7 @@ func (r *Resolver) identify(ref fdRef) (egress.Identity, error) {
 	defer unix.Close(pidfd)
 	target := "socket:[" + strconv.FormatUint(ref.inode, 10) + "]"
 	if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", ref.pid, ref.fd)); err != nil || l != target {
-		return egress.Identity{}, fmt.Errorf("procident: pid %d no longer holds socket inode %d", ref.pid, ref.inode)
+		return egress.Identity{}, fmt.Errorf("procident: pid %d no longer holds socket inode %d: %w", ref.pid, ref.inode, egress.ErrProcessExited)
 	}
 	id, err := r.identity(ref.pid)
 	if err != nil {

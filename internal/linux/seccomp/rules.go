@@ -246,6 +246,7 @@ func profileRules(p Profile, m NetMode) ([]rule, error) {
 	switch p {
 	case ProfileDefault:
 		rs = append(rs, defaultRules...)
+		rs = append(rs, setIDRules...)
 	case ProfileRelaxed:
 		rs = append(rs, relaxedRules...)
 	default:

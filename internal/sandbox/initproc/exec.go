@@ -50,7 +50,7 @@ func becomeWorkload(cfg *Config) error {
 	if err := unix.Chdir(p.Workdir); err != nil {
 		return stepErr("enter workdir "+p.Workdir, err)
 	}
-	path, err := lookPath(cfg.Argv[0], envValue(cfg.Env, "PATH"))
+	path, err := lookPath(cfg.Argv[0], envValue(cfg.Env, "PATH"), p)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func becomeWorkload(cfg *Config) error {
 }
 
 // lookPath finds the command the way a shell would, inside the new root.
-func lookPath(name, pathEnv string) (string, error) {
+func lookPath(name, pathEnv string, p *plan.Plan) (string, error) {
 	notFound := func(err error) error {
 		return &StepError{Step: "find command " + name, Code: 127, Err: err}
 	}
@@ -100,7 +100,7 @@ func lookPath(name, pathEnv string) (string, error) {
 	if strings.Contains(name, "/") {
 		if err := check(name); err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				return "", notFound(fmt.Errorf("%s does not exist inside the sandbox", name))
+				return "", notFound(fmt.Errorf("%s does not exist inside the sandbox — %s", name, missingHint(name, p)))
 			}
 			return "", &StepError{Step: "execute " + name, Code: 126, Err: err}
 		}
@@ -115,7 +115,38 @@ func lookPath(name, pathEnv string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", notFound(fmt.Errorf("%s not found in PATH inside the sandbox (PATH=%s)", name, pathEnv))
+	return "", notFound(fmt.Errorf("%s not found in PATH inside the sandbox (PATH=%s) — if it is installed on the host, list its directory in filesystem_policy.read_only", name, pathEnv))
+}
+
+// missingHint says why a path the command names is missing inside the
+// sandbox and which policy field brings it in: the mount it would be
+// under, or, with none, the host directory to add.
+func missingHint(name string, p *plan.Plan) string {
+	if !filepath.IsAbs(name) {
+		return "the path is relative to the workdir " + p.Workdir
+	}
+	name = filepath.Clean(name)
+	under := func(dir string) bool { return name == dir || strings.HasPrefix(name, strings.TrimSuffix(dir, "/")+"/") }
+	for _, s := range p.Skipped {
+		if under(s.Path) {
+			return fmt.Sprintf("the policy lists %s, but it was left out: %s", s.Path, s.Reason)
+		}
+	}
+	var in *plan.Mount
+	for i, m := range p.Mounts {
+		if under(m.Target) && (in == nil || len(m.Target) > len(in.Target)) {
+			in = &p.Mounts[i]
+		}
+	}
+	top, _, _ := strings.Cut(strings.TrimPrefix(name, "/"), "/")
+	top = "/" + top
+	switch {
+	case in == nil:
+		return fmt.Sprintf("nothing of the host's %s is mounted; add it to the policy: filesystem_policy.read_only: [%s] (or leave filesystem_policy out to get the built-in default's system directories)", top, top)
+	case in.Kind == plan.KindBind:
+		return fmt.Sprintf("%s is the host's %s (%s), so the host has no such file either", in.Target, in.Source, in.Why)
+	}
+	return fmt.Sprintf("%s is the sandbox's own %s (%s), not the host's; put the command in the workdir or list its host directory in filesystem_policy.read_only", in.Target, in.Kind, in.Why)
 }
 
 func envValue(env []string, key string) string {

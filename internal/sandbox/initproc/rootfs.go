@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/plan"
 )
 
@@ -35,7 +36,7 @@ func buildRoot(p *plan.Plan, dir string) error {
 		if m.Kind != plan.KindBind {
 			continue
 		}
-		fd, err := cloneTree(m.Source, m.ReadOnly)
+		fd, err := cloneTree(m.Source, m.ReadOnly, m.IDMap)
 		if err != nil {
 			return fmt.Errorf("clone %s: %w", m.Source, err)
 		}
@@ -74,8 +75,11 @@ func buildRoot(p *plan.Plan, dir string) error {
 
 // cloneTree opens src without following any symlink (the plan already
 // resolved it) and returns a detached recursive copy of the mount tree there
-// with read-only (when asked), nosuid and nodev applied to every submount.
-func cloneTree(src string, readOnly bool) (int, error) {
+// with read-only (when asked), nosuid and nodev applied to every submount,
+// and idmapped when the plan says so. The plan probed the idmapping on this
+// host, so a failure here is an error rather than a silent fallback to a
+// workdir the workload cannot write.
+func cloneTree(src string, readOnly bool, m *idmap.Mapping) (int, error) {
 	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
 	pfd, err := unix.Openat2(unix.AT_FDCWD, src, &how)
 	if err != nil {
@@ -93,6 +97,12 @@ func cloneTree(src string, readOnly bool) (int, error) {
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("mount_setattr: %w", err)
+	}
+	if m != nil {
+		if err := idmap.Apply(fd, *m); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("idmap %s: %w", m, err)
+		}
 	}
 	return fd, nil
 }
