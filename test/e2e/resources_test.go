@@ -31,7 +31,7 @@ func TestSocketMemory(t *testing.T) {
 		for _, kind := range []string{"tcp", "unix"} {
 			t.Run(kind, func(t *testing.T) {
 				fx := newFixture(t, m)
-				r := runCorral(t, fx, runOpts{args: []string{fx.attack, "sockbuf", kind, "512", "64"},
+				r := runCorral(t, fx, runOpts{args: []string{fx.attack, "sockbuf", kind, "160", "64"},
 					policy: proxyPolicy("limits:\n  memory: 64MiB\n"), timeout: 120 * time.Second})
 				t.Logf("exit %d: %s", r.code, strings.TrimSpace(r.stdout))
 				if len(r.find("sandbox.limits_not_enforced")) > 0 && m.rootless {
@@ -61,10 +61,12 @@ func TestSocketMemory(t *testing.T) {
 		}
 		// Controls: 32 MiB of TCP buffers under a 64 MiB limit is neither
 		// refused early nor killed, and without a memory limit the same
-		// program does hold 160 MiB.
+		// program holds more than 64 MiB. (Targets stay small: TCP buffer
+		// memory is also bounded host-wide by net.ipv4.tcp_mem, which
+		// parallel tests share.)
 		for _, c := range []struct{ name, target, limits, want string }{
 			{"within-limit", "32", "limits:\n  memory: 64MiB\n", "BLOCKED: held only 3"},
-			{"no-limit", "160", "", "ESCAPED: held 160 MiB"},
+			{"no-limit", "160", "", "ESCAPED: held"},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				fx := newFixture(t, m)
