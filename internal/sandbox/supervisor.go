@@ -157,7 +157,8 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	}
 	s.phase("cgroup ready")
 
-	term := newTerminal(s.Stdin)
+	stdio := [3]*os.File{s.Stdin, s.Stdout, s.Stderr}
+	term := newTerminal(stdio)
 	defer term.restore()
 
 	sup, initSock, err := socketPair()
@@ -171,7 +172,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.cmd.Env = []string{}
 	s.cmd.ExtraFiles = []*os.File{initSock}
 	s.cmd.SysProcAttr = s.sysProcAttr()
-	s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = s.Stdin, s.Stdout, s.Stderr
+	wireInit(s.cmd, stdio, term)
 
 	done := make(chan struct{})
 	if err := s.startInit(done); err != nil {
@@ -201,7 +202,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		// ps are lost, so this degrades instead of killing the workload.
 		s.Log.Warn("control socket unavailable: corral ps and policy set will not see this sandbox", "err", err)
 	}
-	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, TTY: term != nil, RootDir: s.run_.root()}
+	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root()}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
@@ -273,7 +274,7 @@ func (s *supervisor) attachTerminal(sup *os.File, term *terminal) error {
 		return fmt.Errorf("sandbox init sent %q instead of a terminal", m.Type)
 	}
 	if err := term.attach(files[0]); err != nil {
-		return fmt.Errorf("put terminal in raw mode: %w", err)
+		return fmt.Errorf("connect terminal: %w", err)
 	}
 	return nil
 }

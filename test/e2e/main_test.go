@@ -323,6 +323,9 @@ type runOpts struct {
 	state   string   // override the mode's state dir
 	timeout time.Duration
 	pty     bool // run corral on a pseudo-terminal
+	// stdio, when set, are corral's fds 0–2 instead of /dev/null and the
+	// result's buffers.
+	stdio []*os.File
 }
 
 type result struct {
@@ -474,6 +477,9 @@ func startCorral(t *testing.T, fx *fixture, o runOpts) *proc {
 		}()
 	} else {
 		cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
+		if o.stdio != nil {
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = o.stdio[0], o.stdio[1], o.stdio[2]
+		}
 		if err := cmd.Start(); err != nil {
 			cancel()
 			t.Fatalf("start corral: %v", err)

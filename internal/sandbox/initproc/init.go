@@ -72,12 +72,16 @@ func InitMain() int {
 		}
 	}
 	stdio := []*os.File{os.Stdin, os.Stdout, os.Stderr}
-	if cfg.TTY {
+	if slices.Contains(cfg.Terminal[:], true) {
 		slave, err := allocatePTY(sup, cfg.Plan.User.UID, cfg.Plan.User.GID)
 		if err != nil {
 			return fail(stepErr("allocate terminal", err))
 		}
-		stdio = []*os.File{slave, slave, slave}
+		for i, on := range cfg.Terminal {
+			if on {
+				stdio[i] = slave
+			}
+		}
 	}
 
 	sigs := make(chan os.Signal, 16)
@@ -145,7 +149,9 @@ func startExec(cfg *Config, stdio []*os.File) (int, *StepError) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], stdio[2]
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Env = []string{}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: cfg.TTY, Ctty: 0}
+	// Ctty names a descriptor of the child; the first one on the pty will do.
+	ctty := slices.Index(cfg.Terminal[:], true)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: ctty >= 0, Ctty: max(ctty, 0)}
 	if err := cmd.Start(); err != nil {
 		child.Close()
 		return 0, stepErr("start exec stage", err)

@@ -37,9 +37,12 @@ type Config struct {
 	Plan plan.Plan `json:"plan"`
 	Argv []string  `json:"argv"`
 	Env  []string  `json:"env"`
-	// TTY means stdin is a pseudo-terminal the workload must own as its
-	// controlling terminal.
-	TTY bool `json:"tty"`
+	// Terminal marks the workload's fds 0–2 that are the slave of a pty
+	// from the sandbox's devpts: those where the user has a terminal. With
+	// any set, that pty is the workload's controlling terminal; the other
+	// fds are the init's own, which the supervisor keeps as the user
+	// redirected them.
+	Terminal [3]bool `json:"terminal"`
 	// RootDir is an empty host directory the init mounts the new root on
 	// inside its private mount namespace.
 	RootDir string `json:"root_dir"`
