@@ -154,9 +154,11 @@ func (h *handler) rewrite(pr *httputil.ProxyRequest) {
 		ex.masked = h.secrets().Swap(r.Host, pr.Out.Header)
 	}
 	if h.secrets().Scoped(r.Host) {
-		// A compressed response would hide an echoed real value from the
-		// scrubbing of responses.
+		// Compressed responses and WebSocket frames would hide an echoed
+		// real value from the scrubbing of responses. A server may
+		// compress anyway; scrubResponse decodes what it can.
 		pr.Out.Header.Del("Accept-Encoding")
+		pr.Out.Header.Del("Sec-WebSocket-Extensions")
 	}
 }
 
@@ -166,12 +168,14 @@ func (h *handler) response(resp *http.Response) error {
 	if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*exchange); ok {
 		ex.status = resp.StatusCode
 	}
-	if h.secrets().Scoped(h.t.Request.Host) {
-		h.secrets().ScrubHeader(resp.Header)
-		h.secrets().ScrubHeader(resp.Trailer)
-		if resp.StatusCode != http.StatusSwitchingProtocols {
-			resp.Body = h.secrets().ScrubBody(resp.Body)
+	if !h.secrets().Scoped(h.t.Request.Host) {
+		return nil
+	}
+	if err := h.scrubResponse(resp); err != nil {
+		if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*exchange); ok {
+			ex.status = http.StatusBadGateway
 		}
+		return err
 	}
 	return nil
 }
@@ -233,6 +237,19 @@ func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPR
 func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err error) {
 	if errors.Is(err, context.Canceled) {
 		return // the client went away
+	}
+	if u := (unscrubbable{}); errors.As(err, &u) {
+		h.in.log().Warn("response from a host a masked secret is scoped to withheld: it could not be scrubbed", "target", h.t.Request.Target(), "err", err)
+		js, _ := json.Marshal(map[string]string{
+			"error":      "corral withheld the upstream's response: it could not be checked for masked secrets",
+			"reason":     reasonUnscrubbable,
+			"detail":     h.secrets().Redact(err.Error()),
+			"next_steps": "this host receives a masked secret, so corral passes on only responses it can scrub of the real value: bodies uncompressed or in gzip or deflate, WebSockets without extensions; this is not a policy refusal",
+		})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadGateway)
+		w.Write(js)
+		return
 	}
 	h.in.log().Debug("inspected request failed upstream", "target", h.t.Request.Target(), "err", err)
 	js, _ := json.Marshal(map[string]string{

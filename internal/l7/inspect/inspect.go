@@ -199,7 +199,7 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
 		ModifyResponse: h.response,
-		Transport:      up.transport,
+		Transport:      scrubTransport{h: h, rt: up.transport},
 		// Zero: ReverseProxy still flushes every write of a streamed
 		// response (SSE, or no Content-Length), and a sized one goes out
 		// whole instead of a TLS record per write.

@@ -136,16 +136,3 @@ func base64Fragments(v string) []string {
 	}
 	return out
 }
-
-// scrubs maps real values to surrogates for the environment. Both have the
-// same byte length, so their base64 forms have the same length too and an
-// encoded copy is swapped whole.
-func scrubs(entries []*entry) *replacements {
-	r := &replacements{}
-	for _, e := range entries {
-		r.add(e.real, e.surrogate)
-		r.add(base64.StdEncoding.EncodeToString([]byte(e.real)),
-			base64.StdEncoding.EncodeToString([]byte(e.surrogate)))
-	}
-	return r
-}

@@ -61,7 +61,7 @@ type Set struct {
 	sources map[string]*entry
 	byName  map[string]*entry
 	redact  *replacements
-	scrub   *replacements
+	scrub   *scrubber
 }
 
 // entry is one loaded secret.
@@ -100,7 +100,7 @@ func Load(specs map[string]policy.Secret, getenv func(string) string) (*Set, err
 			s.sources[src] = e
 		}
 	}
-	s.redact, s.scrub = redactions(s.entries), scrubs(s.entries)
+	s.redact, s.scrub = redactions(s.entries), newScrubber(s.entries)
 	return s, nil
 }
 
@@ -208,8 +208,9 @@ func (s *Set) Env() []string {
 
 // ScrubEnv returns a copy of env (KEY=VALUE entries) that cannot carry a
 // real value into the sandbox: a secret's source variable is dropped, a
-// variable named like a secret gets its surrogate, and a real value (raw or
-// base64-encoded) inside any other value is replaced by its surrogate.
+// variable named like a secret gets its surrogate, and a real value (in any
+// form the scrubber knows) inside any other value is replaced by its
+// surrogate in the same form.
 func (s *Set) ScrubEnv(env []string) []string {
 	if s == nil || len(s.entries) == 0 {
 		return env
