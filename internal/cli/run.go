@@ -154,9 +154,11 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return setupFailed(fmt.Errorf("create state directory %s: %w", state, err))
 	}
-	auditPath := f.auditLog
-	if auditPath == "" {
-		auditPath = statedir.AuditLog(state)
+	auditPath := statedir.AuditLog(state)
+	if f.auditLog != "" {
+		if auditPath, err = filepath.Abs(f.auditLog); err != nil {
+			return setupFailed(err)
+		}
 	}
 	sink, err := audit.Open(auditPath)
 	if err != nil {
@@ -185,7 +187,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		log.Warn("could not remove all stale sandbox state", "err", err)
 	}
 
-	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, ID: id, Session: f.session, Path: inheritedPath()}, host)
+	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
 		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
 		return setupFailed(err)

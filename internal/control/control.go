@@ -15,8 +15,6 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
@@ -66,9 +64,6 @@ type Handler interface {
 	// on error the running policy is unchanged.
 	SetPolicy(yaml []byte, source string) error
 }
-
-// Peer is the process at the other end of a control connection.
-type Peer struct{ PID, UID int }
 
 // Serve listens on path until ctx is done. allow vets each client before
 // its request is read; a refused client gets an error response.
@@ -135,30 +130,6 @@ func handle(c net.Conn, h Handler, allow func(Peer) error, log *slog.Logger) {
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
 		log.Debug("control response", "err", err)
 	}
-}
-
-// peerOf reads the client's credentials from the kernel (SO_PEERCRED),
-// which the client cannot forge.
-func peerOf(c net.Conn) (Peer, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return Peer{}, errors.New("not a unix socket connection")
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return Peer{}, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return Peer{}, err
-	}
-	if cerr != nil {
-		return Peer{}, fmt.Errorf("peer credentials: %w", cerr)
-	}
-	return Peer{PID: int(cred.Pid), UID: int(cred.Uid)}, nil
 }
 
 // Call sends one request to the sandbox's control socket.

@@ -55,6 +55,11 @@ type Identity struct {
 	BinarySHA256 string   `json:"binary_sha256,omitempty"`
 	Ancestors    []string `json:"ancestors,omitempty"`
 	CmdlinePaths []string `json:"cmdline_paths,omitempty"`
+	// Untrusted says why the process is not the binary it claims to be
+	// (code mapped from a place the sandbox can write, LD_PRELOAD): a
+	// policy bound to binaries does not apply to it; one bound to none
+	// still does.
+	Untrusted string `json:"untrusted,omitempty"`
 }
 
 // Request is one connection attempt.

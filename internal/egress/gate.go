@@ -181,6 +181,9 @@ func (g *Gate) report(r Request, d Decision, latency time.Duration) {
 	if r.Host == "" {
 		kv = append(kv, "ip", r.IP.String())
 	}
+	if r.Identity.Untrusted != "" {
+		kv = append(kv, "untrusted", r.Identity.Untrusted)
+	}
 	if !d.Allow {
 		kv = append(kv, "reason", d.Reason, "detail", d.Detail)
 	}

@@ -24,6 +24,9 @@ import (
 type Context struct {
 	Workdir  string
 	StateDir string
+	// AuditLog is where the run's audit trail goes, when that is not
+	// inside StateDir.
+	AuditLog string
 	ID       string
 	Session  string
 	// Path is the PATH the workload inherits; the plan keeps the entries
@@ -201,6 +204,19 @@ func (b *builder) network() error {
 		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only; inet sockets denied by seccomp"}
 	}
 	b.pl.Namespaces = ns
+	if mode == policy.ModeProxy {
+		nps := b.p.EffectiveNetworkPolicies()
+		for _, name := range slices.Sorted(maps.Keys(nps)) {
+			for _, e := range nps[name].Endpoints {
+				if e.Protocol != "" && e.TLS != policy.TLSPassthrough && e.TLS != policy.TLSSkip {
+					continue
+				}
+				for _, port := range e.PortList() {
+					b.pl.Network.Uninspected = append(b.pl.Network.Uninspected, fmt.Sprintf("%s:%d", e.Host, port))
+				}
+			}
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(b.p.Secrets)) {
 		sec := b.p.Secrets[name]
 		b.pl.Network.Secrets = append(b.pl.Network.Secrets, Secret{Name: name, Hosts: sec.Hosts, Headers: policy.SecretHeaders(sec)})
@@ -255,13 +271,13 @@ func (b *builder) mounts() error {
 			b.skipUnresolved(bd.path, err)
 			continue
 		}
+		if err := b.keepsCorralOut(bd.path, src, bd.why); err != nil {
+			return err
+		}
 		targets[bd.path] = true
 		m := Mount{Kind: KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why}
 		if !bd.readOnly {
 			m.IDMap = b.writeAccess(bd.path, src)
-			if b.c.StateDir != "" && under(b.c.StateDir, []string{src}) {
-				b.warn("%s is read_write and holds corral's state directory %s: the sandbox can rewrite audit logs and other sessions' scratch", bd.path, b.c.StateDir)
-			}
 		}
 		mounts = append(mounts, m)
 	}
@@ -272,7 +288,9 @@ func (b *builder) mounts() error {
 	if !underAny(u.Home, targets) && !under(u.Home, []string{"/tmp"}) {
 		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: u.Home, SizeBytes: size, Mode: 0o700, UID: u.UID, GID: u.GID,
 			Why: "private, empty home directory"})
-		b.homeEntries(&mounts, writable)
+		if err := b.homeEntries(&mounts, writable); err != nil {
+			return err
+		}
 	} else {
 		for _, e := range fsp.Home {
 			b.skip(filepath.Join(b.h.Home, e), fmt.Sprintf("the sandbox's home %s is not a private home (a policy path or /tmp holds it); filesystem_policy.home fills only a private one", u.Home))
@@ -388,7 +406,7 @@ func (b *builder) skipUnresolved(path string, err error) {
 // planted in a writable directory is refused. An entry owned by someone
 // other than the workload's user is idmapped onto it where possible, so
 // a 0600 ~/.npmrc of root's is readable by the unprivileged workload.
-func (b *builder) homeEntries(mounts *[]Mount, writable []string) {
+func (b *builder) homeEntries(mounts *[]Mount, writable []string) error {
 	u := b.pl.User
 	for _, e := range b.p.FilesystemPolicy.Home {
 		if b.h.Home == "" {
@@ -401,6 +419,9 @@ func (b *builder) homeEntries(mounts *[]Mount, writable []string) {
 			b.skipUnresolved(host, err)
 			continue
 		}
+		if err := b.keepsCorralOut(host, src, "filesystem_policy.home"); err != nil {
+			return err
+		}
 		m := Mount{Kind: KindBind, Source: src, Target: filepath.Join(u.Home, e), ReadOnly: true, Why: "filesystem_policy.home"}
 		if fi, err := b.h.FS.Lstat(src); err == nil && fi.UID != u.UID {
 			mp := idmap.Mapping{DiskUID: fi.UID, DiskGID: fi.GID, UID: u.UID, GID: u.GID}
@@ -410,6 +431,49 @@ func (b *builder) homeEntries(mounts *[]Mount, writable []string) {
 		}
 		*mounts = append(*mounts, m)
 	}
+	return nil
+}
+
+// keepsCorralOut refuses a policy path that holds corral's state directory
+// or audit log, or lies inside them. Through the state directory a
+// workload reaches every sandbox's control socket and run directory and
+// other sessions' scratch; rootless, it does so with corral's own uid. Even
+// read-only it would read other sandboxes' audit trails. corral's own
+// mounts from there (/scratch, resolv.conf, the CA bundle) are single
+// entries chosen by corral, not policy paths, and are not checked here.
+func (b *builder) keepsCorralOut(path, src, why string) error {
+	drop := "remove it from the policy"
+	if why == "workdir" {
+		drop = "run from another directory (--workdir)"
+	}
+	check := func(what, dir, elsewhere string) error {
+		if dir == "" {
+			return nil
+		}
+		if real, err := resolve(b.h.FS, dir, nil); err == nil {
+			dir = real
+		}
+		switch {
+		case under(dir, []string{src}):
+			return fmt.Errorf("%s %s holds corral's %s %s, which no sandbox may reach: %s, or %s", why, path, what, dir, drop, elsewhere)
+		case under(src, []string{dir}):
+			return fmt.Errorf("%s %s lies inside corral's %s %s, which no sandbox may reach: %s", why, path, what, dir, drop)
+		}
+		return nil
+	}
+	if err := check("state directory", b.c.StateDir, "keep corral's state elsewhere with --state-dir"); err != nil {
+		return err
+	}
+	if b.c.AuditLog == "" {
+		return nil
+	}
+	// The log's rotated generations hold the same trail.
+	for _, p := range []string{b.c.AuditLog, b.c.AuditLog + ".1", b.c.AuditLog + ".2"} {
+		if err := check("audit log", p, "write the audit log elsewhere with --audit-log"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeAccess decides how the workload writes a read_write path. Where it

@@ -248,19 +248,39 @@ func TestResolveRefusesPlantedSymlink(t *testing.T) {
 	}
 }
 
-func TestWarnsWhenStateDirIsWritable(t *testing.T) {
-	p, err := policy.Parse([]byte("version: 1\nfilesystem_policy: {read_write: [/srv]}\n"), "t.yaml")
-	if err != nil {
-		t.Fatal(err)
+// TestRefusesPathsReachingCorralState: any policy path that holds corral's
+// state directory or audit log, or lies inside them, read-only or not,
+// fails the plan; naming the policy field and the way out.
+func TestRefusesPathsReachingCorralState(t *testing.T) {
+	for _, tc := range []struct {
+		name, policy, workdir, auditLog, want string
+	}{
+		{name: "read_write holds it", policy: "filesystem_policy: {read_write: [/srv]}", workdir: "/home/ada/proj",
+			want: "filesystem_policy.read_write /srv holds corral's state directory /srv/data/corral"},
+		{name: "read_only holds it", policy: "filesystem_policy: {read_only: [/srv]}", workdir: "/home/ada/proj",
+			want: "filesystem_policy.read_only /srv holds corral's state directory /srv/data/corral"},
+		{name: "inside it", policy: "filesystem_policy: {read_only: [/srv/data/corral/run]}", workdir: "/home/ada/proj",
+			want: "lies inside corral's state directory"},
+		{name: "workdir holds it", policy: "", workdir: "/srv",
+			want: "workdir /srv holds corral's state directory /srv/data/corral, which no sandbox may reach: run from another directory"},
+		{name: "through a symlink", policy: "filesystem_policy: {read_only: [/lib]}", workdir: "/home/ada/proj", auditLog: "/usr/lib/audit.log",
+			want: "filesystem_policy.read_only /lib holds corral's audit log /usr/lib/audit.log"},
+		{name: "home entry", policy: "filesystem_policy: {home: [.ssh]}", workdir: "/home/ada/proj", auditLog: "/root/.ssh/audit.log",
+			want: "filesystem_policy.home /root/.ssh holds corral's audit log"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := policy.Parse([]byte("version: 1\n"+tc.policy+"\n"), "t.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := debianHost()
+			h.FS.(fakeFS)["/root/.ssh"] = "owner=0:0 mode=0700"
+			h.FS.(fakeFS)["/srv/data/corral"] = "owner=0:0 mode=0700"
+			h.FS.(fakeFS)["/srv/data/corral/run"] = "owner=0:0 mode=0700"
+			_, err = Build(p, Context{Workdir: tc.workdir, StateDir: "/srv/data/corral", AuditLog: tc.auditLog, ID: "x", Session: "s"}, h)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to say %q", err, tc.want)
+			}
+		})
 	}
-	pl, err := Build(p, Context{Workdir: "/home/ada/proj", StateDir: "/srv/data/corral", ID: "x", Session: "s"}, debianHost())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range pl.Warnings {
-		if strings.Contains(w, "holds corral's state directory /srv/data/corral") {
-			return
-		}
-	}
-	t.Fatalf("no warning about the writable state directory in %q", pl.Warnings)
 }

@@ -164,6 +164,10 @@ func (p *Plan) WriteText(w io.Writer) error {
 			ew.printf("  env %s\n", e)
 		}
 	}
+	if u := p.Network.Uninspected; len(u) > 0 {
+		ew.printf("  not inspected (decided on host, port and binary; over TLS on the SNI alone, so the server may be asked for any other name it serves at the same address — protocol: rest inspects): %s\n",
+			strings.Join(u, " "))
+	}
 	for _, sec := range p.Network.Secrets {
 		ew.printf("  secret %s: a surrogate inside; the real value only in %s of requests over TLS to %s\n",
 			sec.Name, strings.Join(sec.Headers, ", "), strings.Join(sec.Hosts, ", "))

@@ -148,6 +148,10 @@ type Network struct {
 	// Secrets are the masked secrets: what the workload holds a surrogate
 	// for, and where the real value goes (never the value itself).
 	Secrets []Secret `json:"secrets,omitempty"`
+	// Uninspected are the endpoints (host:port) relayed without HTTP
+	// inspection: over TLS only the SNI is seen, so the server may be asked
+	// for any other name it serves at that address.
+	Uninspected []string `json:"uninspected,omitempty"`
 }
 
 // Secret is one masked secret as the plan shows it.

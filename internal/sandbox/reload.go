@@ -28,25 +28,22 @@ type policyState struct {
 	target  Reloadable
 }
 
-// allowControl admits control clients of this user (or root) that are not
-// inside the sandbox. The sandbox runs as the same user when rootless, and
-// a policy may expose the state directory to it; it must never be able to
-// change its own network policy, so its processes are told apart by their
-// pid namespace, which they cannot leave.
+// allowControl admits control clients of this user (or root) that live in
+// the supervisor's own pid namespace, which no sandbox's process does: each
+// sandbox has a pid namespace of its own that its processes cannot leave.
+// Rootless, every sandbox runs with the user's uid, so the uid alone would
+// let a workload that reaches some sandbox's socket (its own, or another's
+// through a policy path) change that sandbox's policy.
 func (s *supervisor) allowControl(p control.Peer) error {
 	if p.UID != os.Getuid() && p.UID != 0 {
 		return fmt.Errorf("uid %d may not control a sandbox of uid %d", p.UID, os.Getuid())
 	}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.PID))
+	own, err := control.OwnPIDNamespace()
 	if err != nil {
-		return fmt.Errorf("pid namespace of client %d: %w", p.PID, err)
+		return fmt.Errorf("pid namespace of corral: %w", err)
 	}
-	sandbox, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", s.cmd.Process.Pid))
-	if err != nil {
-		return fmt.Errorf("pid namespace of the sandbox: %w", err)
-	}
-	if theirs == sandbox {
-		return errors.New("a process inside the sandbox may not control it")
+	if p.PIDNamespace != own {
+		return errors.New("a process inside a sandbox may not control one")
 	}
 	return nil
 }

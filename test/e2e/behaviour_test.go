@@ -331,19 +331,36 @@ func TestInteractiveShell(t *testing.T) {
 	})
 }
 
-// TestControlSocketRefusesTheSandbox: when a policy exposes the state
-// directory (rootless, the workload even has corral's uid), the workload
-// still cannot use the control socket to change its own policy.
-func TestControlSocketRefusesTheSandbox(t *testing.T) {
+// TestControlSocketRefusesSandboxes: a policy that exposes corral's own
+// state directory does not start; and a sandbox that reaches another
+// sandbox's control socket (rootless both run with the user's uid, and
+// the other one keeps its state elsewhere) is refused, so it cannot
+// replace that sandbox's policy.
+func TestControlSocketRefusesSandboxes(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, true, func(t *testing.T, m *mode) {
-		fx := newFixture(t, m)
+		victim := newFixture(t, m)
+		if err := os.MkdirAll(victim.state, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := chownTree(victim.state, m.uid, m.gid); err != nil {
+			t.Fatal(err)
+		}
+		exposing := fmt.Sprintf(`version: 1
+filesystem_policy:
+  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc, %s]
+network: {mode: block}
+`, victim.state)
+
+		own := runCorral(t, victim, runOpts{args: []string{"/bin/true"}, policy: exposing})
+		if own.code == 0 || !strings.Contains(own.stderr, "holds corral's state directory") {
+			t.Fatalf("a policy exposing the state directory must not start\n%s", own)
+		}
+
+		running := startCorral(t, victim, runOpts{args: []string{"/bin/sleep", "30"}, policy: systemPolicy("")})
+		attacker := newFixture(t, m)
 		script := `import glob, json, socket, sys, time
-for _ in range(30):
-    socks = glob.glob(sys.argv[1] + "/run/*/control.sock")
-    if socks:
-        break
-    time.sleep(0.1)
+socks = glob.glob(sys.argv[1] + "/run/*/control.sock")
 if not socks:
     print("NOSOCK")
 for p in socks:
@@ -359,27 +376,18 @@ for p in socks:
         pass  # the refusal may already be written and the socket closed
     print("REPLY", s.recv(4096).decode().strip())
 `
-		writeOwned(t, m, filepath.Join(fx.W, "ctl.py"), []byte(script), 0o644)
-		pol := fmt.Sprintf(`version: 1
-filesystem_policy:
-  read_only: [/usr, /lib, /lib64, /bin, /sbin, /etc, %s]
-network: {mode: block}
-`, fx.state)
-		if err := os.MkdirAll(fx.state, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := chownTree(fx.state, m.uid, m.gid); err != nil && m.rootless {
-			t.Fatal(err)
-		}
-		r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/python3", filepath.Join(fx.W, "ctl.py"), fx.state}, policy: pol})
+		writeOwned(t, m, filepath.Join(attacker.W, "ctl.py"), []byte(script), 0o644)
+		r := runCorral(t, attacker, runOpts{args: []string{"/usr/bin/python3", filepath.Join(attacker.W, "ctl.py"), victim.state}, policy: exposing})
+		_ = running.cmd.Process.Signal(syscall.SIGTERM)
+		v := running.wait()
 		if r.code != 0 {
 			t.Fatalf("probe failed\n%s", r)
 		}
-		if strings.Contains(r.stdout, `"ok":true`) || len(r.find("policy.reloaded")) > 0 {
-			t.Fatalf("the workload changed its own policy through the control socket\n%s", r)
+		if strings.Contains(r.stdout, `"ok":true`) || len(v.find("policy.reloaded")) > 0 {
+			t.Fatalf("a sandbox replaced another sandbox's policy through its control socket\n%s\nvictim:\n%s", r, v)
 		}
-		if m.rootless && !strings.Contains(r.stdout, "refused: a process inside the sandbox may not control it") {
-			t.Fatalf("rootless: want the control socket reached and the request refused\n%s", r)
+		if m.rootless && !strings.Contains(r.stdout, "refused: a process inside a sandbox may not control one") {
+			t.Fatalf("rootless: want the other sandbox's control socket reached and the request refused\n%s", r)
 		}
 	})
 }

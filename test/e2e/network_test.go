@@ -252,6 +252,22 @@ python3 ./tool.py http://tool.test$P/script-tool
 sec script_c
 python3 -c "$(cat urlget.py)" http://tool.test$P/script-c
 
+# Allowed, but the upstream fails: the proxy says which way.
+sec fail_dns
+$C -w ' code=%{http_code}' http://nxname.test$P/fail-dns; echo " rc=$?"
+sec fail_refused
+$C -w ' code=%{http_code}' http://allowed.test:81$P/fail-refused; echo " rc=$?"
+
+# Borrowed identity: none of these is curl or tool.py.
+sec borrow_loader
+/lib64/ld-linux-x86-64.so.2 /usr/bin/curl -sS --max-time 10 --noproxy '*' http://curlonly.test$P/borrow-loader; echo " rc=$?"
+sec borrow_stdin
+sed 's/sys.argv\[1\]/sys.argv[-1]/' urlget.py | python3 - /usr/bin/curl http://curlonly.test$P/borrow-stdin
+sec borrow_option_value
+python3 -W "$W/tool.py" urlget.py http://tool.test$P/borrow-option-value 2>/dev/null
+sec borrow_preload
+LD_PRELOAD="$W/libz.so.1" $C --noproxy '*' http://curlonly.test$P/borrow-preload; echo " rc=$?"
+
 sec integrity_first
 ./mycurl -sS --max-time 10 --noproxy '*' http://mycurl.test$P/integrity-1; echo " rc=$?"
 printf 'x' >> ./mycurl
@@ -759,11 +775,19 @@ func TestNetwork(t *testing.T) {
 					t.Fatal(err)
 				}
 				writeOwned(t, m, filepath.Join(fx.W, "mycurl"), curl, 0o755)
+				// Any real library will do as the injected code.
+				libz, err := os.ReadFile("/usr/lib/x86_64-linux-gnu/libz.so.1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				writeOwned(t, m, filepath.Join(fx.W, "libz.so.1"), libz, 0o755)
 				pol := basePolicy(fmt.Sprintf(`network_policies:
   web:
     endpoints:
       - host: allowed.test
-        ports: [80, 443, 7000, 2222]
+        ports: [80, 81, 443, 7000, 2222]
+      - host: nxname.test
+        port: 80
       - host: other.test
         ports: [80, 443]
       - host: "*.wild.test"
@@ -881,6 +905,28 @@ func TestNetwork(t *testing.T) {
 				n.has("script_c", `ERROR `)
 				n.hasNot("script_c", `STATUS 200`)
 				n.event("net.connect.denied", map[string]any{"via": "transparent", "host": "tool.test", "binary": "/usr/bin/python3.11", "reason": "binary_not_allowed"})
+
+				// Upstream failures are 502s that say what failed.
+				n.has("fail_dns", `"reason":"upstream_dns_failed".* code=502`)
+				n.event("net.connect.failed", map[string]any{"via": "http_forward", "host": "nxname.test", "port": 80, "reason": "upstream_dns_failed"})
+				n.has("fail_refused", `"reason":"upstream_connect_failed".* code=502`)
+				n.event("net.connect.failed", map[string]any{"via": "http_forward", "host": "allowed.test", "port": 81, "reason": "upstream_connect_failed"})
+
+				// Borrowed identities reach nothing.
+				for _, sec := range []string{"borrow_loader", "borrow_stdin", "borrow_option_value", "borrow_preload"} {
+					n.hasNot(sec, `hello from`)
+					path := P + "/" + strings.ReplaceAll(sec, "_", "-")
+					for _, s := range lab.HTTPRequests() {
+						if s.Path == path {
+							t.Errorf("%s: a borrowed identity reached the lab: %+v", sec, s)
+						}
+					}
+				}
+				if e := n.event("net.connect.denied", map[string]any{"host": "curlonly.test", "binary": "/usr/bin/curl", "reason": "binary_not_allowed"}); e != nil {
+					if !strings.Contains(fmt.Sprint(e["untrusted"]), fx.W+"/libz.so.1") {
+						t.Errorf("the preloaded curl's denial does not say why it is not curl: %v", e)
+					}
+				}
 
 				// Binary replaced mid-run.
 				n.has("integrity_first", `hello from mycurl\.test GET `+regexp.QuoteMeta(P)+`/integrity-1 rc=0`)
@@ -1073,7 +1119,9 @@ func TestNetwork(t *testing.T) {
 					}
 				}
 
-				good := fx.writePolicy(t, basePolicy(web+late))
+				// A file holding only network_policies is a whole reload:
+				// the sections it leaves out stay as they run.
+				good := fx.writePolicy(t, "version: 1\n"+web+late)
 				code, out = corralCLI(t, m, "policy", "set", "--state-dir", fx.state, "--sandbox", id, good)
 				if code != 0 {
 					t.Errorf("the good reload failed (exit %d):\n%s", code, out)

@@ -121,6 +121,9 @@ func TestNPMScopedPackage(t *testing.T) {
 			flags:   []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile, "--env", "W=" + fx.W},
 			timeout: 2 * time.Minute,
 		})
+		// The whole script (npm install, node, curl) from corral's start
+		// to its exit: `go test -v -run TestNPMScopedPackage ./test/e2e/`.
+		t.Logf("%s: npm install of one package and the checks took %v inside corral", m.name, r.elapsed.Round(time.Millisecond))
 		if !strings.Contains(r.stdout, "REQUIRE hello from a scoped package") {
 			t.Fatalf("npm did not install the scoped package\n%s", r)
 		}

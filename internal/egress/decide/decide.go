@@ -38,7 +38,9 @@
 //	}
 //
 // exec.paths is path, ancestors and cmdline_paths together, without empty
-// or repeated entries: the binding matches if any of them matches.
+// or repeated entries: the binding matches if any of them matches. It is
+// empty for a process whose identity cannot be trusted (Identity.Untrusted),
+// so no binding matches it.
 // candidates names the endpoints (key in data.network_policies, index into
 // its endpoints) that accept network.port and whose host pattern matches
 // network.host, or, for a literal IP, whose host is that IP or whose
@@ -446,7 +448,7 @@ func inputTerms(host, ip string, port int, id egress.Identity, c []*ast.Term) as
 	paths := make([]*ast.Term, 0, 1+len(anc)+len(cmd))
 	seen := make([]string, 0, cap(paths))
 	for _, t := range slices.Concat([]*ast.Term{bin}, anc, cmd) {
-		if s := string(t.Value.(ast.String)); s != "" && !slices.Contains(seen, s) {
+		if s := string(t.Value.(ast.String)); s != "" && !slices.Contains(seen, s) && id.Untrusted == "" {
 			seen = append(seen, s)
 			paths = append(paths, t)
 		}
@@ -561,6 +563,9 @@ func describeBinary(id egress.Identity) string {
 	s := id.Binary
 	if len(id.CmdlinePaths) > 0 {
 		s += " (" + strings.Join(id.CmdlinePaths, ", ") + ")"
+	}
+	if id.Untrusted != "" {
+		s += ", which is not the binary it claims: " + id.Untrusted
 	}
 	return s
 }

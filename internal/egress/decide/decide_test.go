@@ -154,6 +154,10 @@ func TestBinaryBinding(t *testing.T) {
 		{"glob in name", []string{"/usr/bin/python3*"}, egress.Identity{Binary: "/usr/bin/python3.12"}, true},
 		{"no binaries: any binary", nil, egress.Identity{Binary: python3}, true},
 		{"no binaries: unidentified", nil, egress.Identity{}, true},
+		// A process running injected code is not the binary it names.
+		{"untrusted binary", []string{curl}, egress.Identity{Binary: curl, Untrusted: "LD_PRELOAD"}, false},
+		{"untrusted ancestor", []string{curl}, egress.Identity{Binary: python3, Ancestors: []string{curl}, Untrusted: "x"}, false},
+		{"no binaries: untrusted", nil, egress.Identity{Binary: curl, Untrusted: "LD_PRELOAD"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

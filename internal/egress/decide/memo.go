@@ -71,6 +71,7 @@ func memoKey(host, ip string, port uint16, id egress.Identity, h egress.HTTPRequ
 	for _, c := range id.CmdlinePaths {
 		field(c)
 	}
+	field(id.Untrusted)
 	field(h.Method)
 	field(h.Path)
 	names := make([]string, 0, len(h.Query))

@@ -20,17 +20,17 @@ import (
 // invocation, small enough that a huge argv costs little.
 const maxArgs = 64
 
-// cmdlinePaths returns the script an interpreter runs: the first argument
-// after argv[0] that is not an option, when it is a regular file, canonical
-// (symlinks resolved) as the sandbox sees it. `node /usr/local/bin/claude`
-// gives the script, and a relative `python3 ./tool.py` is resolved against
-// the process's working directory. Only the script position counts: in
-// `python3 evil.py /usr/local/bin/claude` the trusted file is a mere
-// argument and must not lend evil.py its policy.
+// cmdlinePaths returns the script an interpreter runs (see scriptArg),
+// when it is a regular file, canonical (symlinks resolved) as the sandbox
+// sees it. `node /usr/local/bin/claude` gives the script, and a relative
+// `python3 ./tool.py` is resolved against the process's working directory.
+// Only the script position counts: in `python3 evil.py
+// /usr/local/bin/claude` the trusted file is a mere argument and must not
+// lend evil.py its policy.
 //
 // Files are looked up inside the process's own root, never the
 // supervisor's, and each one is integrity-checked like an executable.
-func (r *Resolver) cmdlinePaths(pid int) ([]string, error) {
+func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 	proc := "/proc/" + strconv.Itoa(pid)
 	raw, err := os.ReadFile(proc + "/cmdline")
 	if err != nil {
@@ -44,6 +44,10 @@ func (r *Resolver) cmdlinePaths(pid int) ([]string, error) {
 	if len(args) > maxArgs {
 		args = args[:maxArgs]
 	}
+	script := scriptArg(exe, args)
+	if script == "" || len(script) > unix.PathMax {
+		return nil, nil
+	}
 	rootfd, err := unix.Open(proc+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("procident: root of pid %d: %w", pid, err)
@@ -51,16 +55,6 @@ func (r *Resolver) cmdlinePaths(pid int) ([]string, error) {
 	defer unix.Close(rootfd)
 	cwd, cwdErr := os.Readlink(proc + "/cwd")
 
-	script := ""
-	for _, a := range args {
-		if a != "" && a[0] != '-' {
-			script = a
-			break
-		}
-	}
-	if script == "" || len(script) > unix.PathMax {
-		return nil, nil
-	}
 	if !path.IsAbs(script) {
 		if cwdErr != nil || !path.IsAbs(cwd) {
 			return nil, nil

@@ -53,6 +53,9 @@ type Resolver struct {
 	idMu sync.Mutex
 	ids  map[procKey]egress.Identity
 
+	mountsOnce sync.Once
+	mounts     []mountPoint
+
 	trustMu sync.Mutex
 	trusted map[string]trustEntry // keyed by path as the sandbox sees it
 
@@ -244,7 +247,8 @@ func processKey(pid int) (procKey, error) {
 // sameIdentity compares what a policy can tell apart.
 func sameIdentity(a, b egress.Identity) bool {
 	return a.Binary == b.Binary && a.BinarySHA256 == b.BinarySHA256 &&
-		slices.Equal(a.Ancestors, b.Ancestors) && slices.Equal(a.CmdlinePaths, b.CmdlinePaths)
+		slices.Equal(a.Ancestors, b.Ancestors) && slices.Equal(a.CmdlinePaths, b.CmdlinePaths) &&
+		a.Untrusted == b.Untrusted
 }
 
 func addrPort(a net.Addr) (netip.AddrPort, error) {
@@ -308,8 +312,15 @@ func (r *Resolver) identity(pid int) (egress.Identity, error) {
 		r.ids[key] = id
 		r.idMu.Unlock()
 	}
-	if id.CmdlinePaths, err = r.cmdlinePaths(pid); err != nil {
+	if id.CmdlinePaths, err = r.cmdlinePaths(pid, id.Binary); err != nil {
 		return egress.Identity{}, err
+	}
+	// Code can be loaded at any time (dlopen), so the process itself is
+	// looked at on every connection; its ancestors once, with the lineage.
+	if id.Untrusted == "" {
+		if id.Untrusted, err = r.untrusted(pid, id.Binary); err != nil {
+			return egress.Identity{}, err
+		}
 	}
 	return id, nil
 }
@@ -336,6 +347,15 @@ func (r *Resolver) lineage(pid int) (egress.Identity, error) {
 		exe, _, err := r.exeIdentity(pp)
 		if err != nil {
 			return egress.Identity{}, err
+		}
+		if id.Untrusted == "" {
+			why, err := r.untrusted(pp, exe)
+			if err != nil {
+				return egress.Identity{}, err
+			}
+			if why != "" {
+				id.Untrusted = "its ancestor " + exe + " " + why
+			}
 		}
 		id.Ancestors = append(id.Ancestors, exe)
 		p = pp

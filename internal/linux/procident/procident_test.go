@@ -35,6 +35,9 @@ const (
 	modeEnv   = "CORRAL_PROCIDENT_TEST_MODE"
 	targetEnv = "CORRAL_PROCIDENT_TEST_TARGET"
 	addrEnv   = "CORRAL_PROCIDENT_TEST_ADDR"
+	// mapEnv names a file the client maps executable before connecting,
+	// as a loaded library would be.
+	mapEnv = "CORRAL_PROCIDENT_TEST_MAPX"
 )
 
 func TestMain(m *testing.M) {
@@ -64,6 +67,18 @@ func initMain() int {
 }
 
 func clientMain() int {
+	if p := os.Getenv(mapEnv); p != "" {
+		f, err := os.Open(p)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "client:", err)
+			return 1
+		}
+		if _, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE); err != nil {
+			fmt.Fprintln(os.Stderr, "client: mmap:", err)
+			return 1
+		}
+		f.Close()
+	}
 	c, err := net.Dial("tcp", os.Getenv(addrEnv))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
@@ -185,7 +200,9 @@ func TestIdentifyCmdlinePaths(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "subdir"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	exe, _ := os.Executable()
+	// Only interpreters have a script slot: the test binary plays one
+	// under an interpreter's name, and then a loader's.
+	exe := copyAs(t, "python3")
 	s := start(t, exe, dir,
 		"./tool.py", "-v", filepath.Join(other, "abs.js"), "link.sh", "missing.py", "subdir", "/dev/null", "./tool.py")
 	r := &Resolver{InitPID: s.init.Process.Pid}
@@ -208,6 +225,16 @@ func TestIdentifyCmdlinePaths(t *testing.T) {
 		t.Errorf("symlinked script: CmdlinePaths %q, want %q", id2.CmdlinePaths, want)
 	}
 
+	loader := copyAs(t, "ld-linux-x86-64.so.2")
+	s3 := start(t, loader, dir, "./tool.py")
+	id3, err := (&Resolver{InitPID: s3.init.Process.Pid}).Identify(s3.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(id3.CmdlinePaths) != 0 {
+		t.Errorf("a program that is no interpreter was bound by its argument: CmdlinePaths %q", id3.CmdlinePaths)
+	}
+
 	// A script edited after first use is an integrity failure like a
 	// binary.
 	if err := os.WriteFile(filepath.Join(dir, "tool.py"), []byte("import evil\n"), 0o644); err != nil {
@@ -215,6 +242,24 @@ func TestIdentifyCmdlinePaths(t *testing.T) {
 	}
 	_, err = r.Identify(s.conn)
 	assertIntegrity(t, err, filepath.Join(dir, "tool.py"))
+}
+
+// copyAs copies the test binary to a file called name.
+func copyAs(t *testing.T, name string) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(canonical(t, t.TempDir()), name)
+	if err := os.WriteFile(dst, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dst
 }
 
 func assertIntegrity(t *testing.T, err error, path string) {
@@ -409,5 +454,43 @@ func TestResolveInRoot(t *testing.T) {
 	}
 	if _, err := openRegular(fd, "/usr/lib"); err == nil {
 		t.Error("openRegular opened a directory")
+	}
+}
+
+// TestIdentifyUntrusted: a process that maps code from a place the sandbox
+// can write, or was started with LD_PRELOAD, is not the binary it names.
+func TestIdentifyUntrusted(t *testing.T) {
+	writable := canonical(t, t.TempDir())
+	lib := filepath.Join(writable, "evil.so")
+	if err := os.WriteFile(lib, make([]byte, 4096), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	for _, tc := range []struct {
+		name, env, want string
+	}{
+		{"clean", "", ""},
+		{"library from a writable place", mapEnv + "=" + lib, "maps executable code from " + lib},
+		{"LD_PRELOAD", "LD_PRELOAD=:", "started with LD_PRELOAD"},
+		{"LD_AUDIT", "LD_AUDIT=:", "started with LD_AUDIT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv(strings.SplitN(tc.env, "=", 2)[0], strings.SplitN(tc.env, "=", 2)[1])
+			}
+			s := start(t, exe, writable)
+			r := &Resolver{InitPID: s.init.Process.Pid}
+			// The host's own root is writable; here only the test's
+			// directory plays a place the sandbox can write.
+			r.mountsOnce.Do(func() {})
+			r.mounts = []mountPoint{{point: "/"}, {point: writable, writable: true}}
+			id, err := r.Identify(s.conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == "" && id.Untrusted != "" || !strings.Contains(id.Untrusted, tc.want) {
+				t.Fatalf("Untrusted %q, want %q", id.Untrusted, tc.want)
+			}
+		})
 	}
 }

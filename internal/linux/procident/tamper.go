@@ -1,0 +1,108 @@
+//go:build linux
+
+package procident
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+)
+
+// A process runs its executable's code only as long as nothing else was
+// loaded into it. Code mapped from a file the sandbox can write (a library
+// dropped in the workdir and loaded with LD_PRELOAD, dlopen or
+// LD_LIBRARY_PATH, a memfd) makes it a different program under the same
+// name, so it no longer speaks for a policy bound to that name. The kernel
+// keeps /proc/<pid>/maps, which the process cannot rewrite; the
+// environment is the process's own memory and is only a second hint.
+
+// untrusted returns why pid cannot be taken for exe, or "".
+func (r *Resolver) untrusted(pid int, exe string) (string, error) {
+	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		return "", fmt.Errorf("procident: memory maps of pid %d: %w", pid, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(maps))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		// address perms offset dev inode path
+		f := strings.SplitN(sc.Text(), " ", 6)
+		if len(f) < 6 || len(f[1]) < 3 || f[1][2] != 'x' {
+			continue
+		}
+		p := strings.TrimLeft(f[5], " ")
+		switch {
+		case strings.HasPrefix(p, "/memfd:"):
+			return "runs code from a memfd (" + p + ")", nil
+		case !strings.HasPrefix(p, "/"):
+			continue // anonymous (JIT), [vdso], [vsyscall]
+		}
+		p = strings.TrimSuffix(p, " (deleted)")
+		if p == exe {
+			continue // the executable itself is hashed on its own
+		}
+		if m := r.mountOf(p); m.writable {
+			return fmt.Sprintf("maps executable code from %s, which the sandbox can write (%s)", p, m.point), nil
+		}
+	}
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return "", fmt.Errorf("procident: environment of pid %d: %w", pid, err)
+	}
+	for _, kv := range bytes.Split(env, []byte{0}) {
+		for _, name := range []string{"LD_PRELOAD=", "LD_AUDIT="} {
+			if bytes.HasPrefix(kv, []byte(name)) && len(kv) > len(name) {
+				return "started with " + strings.TrimSuffix(name, "="), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+type mountPoint struct {
+	point    string
+	writable bool
+}
+
+// mountOf is the mount holding p in the sandbox: the longest mount point
+// that is p or a parent of it. The table is read once from the init, whose
+// mount namespace the workload shares; nothing inside can mount.
+func (r *Resolver) mountOf(p string) mountPoint {
+	r.mountsOnce.Do(func() { r.mounts = readMounts(r.InitPID) })
+	best := mountPoint{writable: true} // no table: assume the worst
+	for _, m := range r.mounts {
+		if under(p, m.point) && (best.point == "" || len(m.point) > len(best.point)) {
+			best = m
+		}
+	}
+	return best
+}
+
+func under(p, dir string) bool {
+	return dir == "/" || p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// readMounts reads the mount table as pid sees it: each mount point and
+// whether the mount itself (not its superblock) is writable.
+func readMounts(pid int) []mountPoint {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	infos, err := mountinfo.GetMountsFromReader(f, nil)
+	if err != nil {
+		return nil
+	}
+	ms := make([]mountPoint, 0, len(infos))
+	for _, m := range infos {
+		ms = append(ms, mountPoint{point: m.Mountpoint, writable: slices.Contains(strings.Split(m.Options, ","), "rw")})
+	}
+	return ms
+}

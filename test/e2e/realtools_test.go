@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestNetworkOnlyPolicyFile: a policy file that says only what it allows
+// on the network inherits the default's filesystem, so real tools still
+// run; `policy check` says which sections came from the default.
+func TestNetworkOnlyPolicyFile(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		pol := `version: 1
+network_policies:
+  forge:
+    endpoints: [{host: forge.test, port: 443}]
+`
+		r := runCorral(t, fx, runOpts{policy: pol, args: []string{"/bin/sh", "-c",
+			"/usr/bin/git init -q repo && cd repo && /usr/bin/git -c user.name=a -c user.email=a@b commit -q --allow-empty -m first && /usr/bin/git log --oneline | wc -l"}})
+		if r.code != 0 || strings.TrimSpace(r.stdout) != "1" {
+			t.Fatalf("git under a network-only policy file failed\n%s", r)
+		}
+		code, out := corralCLI(t, m, "policy", "check", fx.writePolicy(t, pol))
+		if code != 0 || !strings.Contains(out, "filesystem_policy, network, limits from the built-in default") {
+			t.Errorf("policy check does not say what the file inherits (exit %d):\n%s", code, out)
+		}
+	})
+}
+
+// TestPolicyCheckListsEveryProblem: one run of `policy check` names every
+// mistake in the file, each with its place and a fix.
+func TestPolicyCheckListsEveryProblem(t *testing.T) {
+	t.Parallel()
+	m := getRootMode(t)
+	fx := newFixture(t, m)
+	p := fx.writePolicy(t, `version: 1
+network:
+  mode: proxi
+limits:
+  memory: lots
+filesystem_policy:
+  read_only: [relative/path]
+  raed_write: [/x]
+`)
+	code, out := corralCLI(t, m, "policy", "check", p)
+	if code != 2 {
+		t.Errorf("policy check of a broken file: exit %d, want 2\n%s", code, out)
+	}
+	for _, want := range []string{
+		`network.mode: unknown value "proxi" — did you mean "proxy"?`,
+		`limits.memory: cannot parse size "lots"`,
+		`filesystem_policy.read_only[0]: path "relative/path" is not absolute`,
+		`filesystem_policy.raed_write: unknown field (line 8) — did you mean "read_write"?`,
+		fmt.Sprintf("%s: 4 problem(s)", p),
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("policy check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestWalltimeInSummary: the start summary states the walltime in force,
+// which --timeout sets.
+func TestWalltimeInSummary(t *testing.T) {
+	t.Parallel()
+	fx := newFixture(t, getRootMode(t))
+	r := runCorral(t, fx, runOpts{args: []string{filepath.Join("/bin", "true")}, flags: []string{"--timeout", "7s"}})
+	if r.code != 0 {
+		t.Fatalf("run failed\n%s", r)
+	}
+	ev := r.requireEvent(t, "sandbox.start", nil)
+	if s := fmt.Sprint(ev["summary"]); !strings.Contains(s, " walltime=7s ") {
+		t.Errorf("sandbox.start summary %q does not say walltime=7s", s)
+	}
+}
