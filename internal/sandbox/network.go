@@ -135,7 +135,7 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	gate := &egress.Gate{
 		Decider:    s.Egress.Engine,
 		Dialer:     dial,
-		Identifier: &procident.Resolver{InitPID: s.cmd.Process.Pid},
+		Identifier: &procident.Resolver{InitPID: s.cmd.Process.Pid, Execs: s.execs},
 		Inspector: &inspect.Inspector{
 			Decider: s.Egress.Engine, CA: s.Egress.CA, Secrets: s.Egress.Secrets, Dialer: dial,
 			RootCAs: s.Egress.UpstreamRoots, Audit: s.Audit, Log: s.Log,

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/procident"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
@@ -103,6 +104,9 @@ type supervisor struct {
 	// socketKill holds the bytes over the limit when watchSocketMemory
 	// killed the sandbox; 0 otherwise.
 	socketKill atomic.Int64
+	// execs follows forks and execs, so an ancestor's binding goes only to
+	// what it started as that binary; nil where that cannot be watched.
+	execs *procident.ExecWatch
 }
 
 func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
@@ -174,6 +178,19 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.cmd.SysProcAttr = s.sysProcAttr()
 	wireInit(s.cmd, stdio, term)
 
+	if s.Plan.Network.Capture != nil {
+		// Watching starts before the init exists, so every fork inside
+		// the sandbox is seen.
+		if w, err := procident.WatchExecs(); err == nil {
+			w.Lost = func() {
+				s.Log.Warn("the kernel dropped process events; from now on no ancestor lends its binary's binding to a descendant")
+			}
+			s.execs = w
+			defer w.Close()
+		} else {
+			s.Log.Warn("cannot follow forks and execs; a child forked before its parent exec'd an allowed binary inherits that binary's binding", "err", err)
+		}
+	}
 	done := make(chan struct{})
 	if err := s.startInit(done); err != nil {
 		initSock.Close()

@@ -182,6 +182,24 @@ globals()[sys.argv[1]](*sys.argv[2:])
 // urlGet is run as python3 -c (no script on the command line) and as the
 // script tool.py: GET argv[1], through the proxy variables when argv[2] is
 // "proxy", directly (transparent capture) otherwise.
+// rewriteArgv makes its own command line read "python3 TOOL" (through
+// /proc/self/mem, as any process may) and then fetches URL.
+const rewriteArgv = `import sys, urllib.request
+url, tool = sys.argv[1], sys.argv[2]
+stat = open("/proc/self/stat").read()
+fields = stat[stat.rindex(")") + 2:].split()
+start, end = int(fields[45]), int(fields[46])
+new = ("python3\0%s\0" % tool).encode()
+with open("/proc/self/mem", "r+b", buffering=0) as m:
+    m.seek(start)
+    m.write(new + b"\0" * (end - start - len(new)))
+try:
+    r = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10)
+    print("STATUS", r.status, r.read().decode())
+except Exception as e:
+    print("ERROR", type(e).__name__, e)
+`
+
 const urlGet = `import sys, urllib.request, urllib.error
 h = [] if len(sys.argv) > 2 and sys.argv[2] == "proxy" else [urllib.request.ProxyHandler({})]
 try:
@@ -267,6 +285,28 @@ sec borrow_option_value
 python3 -W "$W/tool.py" urlget.py http://tool.test$P/borrow-option-value 2>/dev/null
 sec borrow_preload
 LD_PRELOAD="$W/libz.so.1" $C --noproxy '*' http://curlonly.test$P/borrow-preload; echo " rc=$?"
+sec borrow_rewrite
+python3 rewrite.py http://tool.test$P/borrow-rewrite "$W/tool.py" $(printf 'x%.0s' {1..200})
+# A child forked before its parent becomes curl; curl reads the pipe the
+# child holds open, so it lives until the child is done.
+sec borrow_prefork
+python3 - http://curlonly.test$P/borrow-prefork <<'PY'
+import os, sys, time, urllib.request
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    time.sleep(0.5)
+    try:
+        res = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(sys.argv[1], timeout=5)
+        print("STATUS", res.status, res.read().decode())
+    except Exception as e:
+        print("ERROR", type(e).__name__, e)
+    sys.stdout.flush()
+    os._exit(0)
+os.close(w)
+os.dup2(r, 0)
+os.execv("/usr/bin/curl", ["curl", "-s", "-o", "/dev/null", "file:///dev/stdin"])
+PY
 
 sec integrity_first
 ./mycurl -sS --max-time 10 --noproxy '*' http://mycurl.test$P/integrity-1; echo " rc=$?"
@@ -781,6 +821,7 @@ func TestNetwork(t *testing.T) {
 					t.Fatal(err)
 				}
 				writeOwned(t, m, filepath.Join(fx.W, "libz.so.1"), libz, 0o755)
+				writeOwned(t, m, filepath.Join(fx.W, "rewrite.py"), []byte(rewriteArgv), 0o644)
 				pol := basePolicy(fmt.Sprintf(`network_policies:
   web:
     endpoints:
@@ -913,7 +954,7 @@ func TestNetwork(t *testing.T) {
 				n.event("net.connect.failed", map[string]any{"via": "http_forward", "host": "allowed.test", "port": 81, "reason": "upstream_connect_failed"})
 
 				// Borrowed identities reach nothing.
-				for _, sec := range []string{"borrow_loader", "borrow_stdin", "borrow_option_value", "borrow_preload"} {
+				for _, sec := range []string{"borrow_loader", "borrow_stdin", "borrow_option_value", "borrow_preload", "borrow_prefork", "borrow_rewrite"} {
 					n.hasNot(sec, `hello from`)
 					path := P + "/" + strings.ReplaceAll(sec, "_", "-")
 					for _, s := range lab.HTTPRequests() {
@@ -922,6 +963,12 @@ func TestNetwork(t *testing.T) {
 						}
 					}
 				}
+				// The child forked before its parent became curl asked;
+				// curl was its living parent, and lent it nothing.
+				n.has("borrow_prefork", `ERROR `)
+				// The rewrite itself worked; the command line recorded at
+				// exec is what counts.
+				n.has("borrow_rewrite", `ERROR `)
 				if e := n.event("net.connect.denied", map[string]any{"host": "curlonly.test", "binary": "/usr/bin/curl", "reason": "binary_not_allowed"}); e != nil {
 					if !strings.Contains(fmt.Sprint(e["untrusted"]), fx.W+"/libz.so.1") {
 						t.Errorf("the preloaded curl's denial does not say why it is not curl: %v", e)

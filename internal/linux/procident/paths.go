@@ -32,19 +32,22 @@ const maxArgs = 64
 // supervisor's, and each one is integrity-checked like an executable.
 func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 	proc := "/proc/" + strconv.Itoa(pid)
-	raw, err := os.ReadFile(proc + "/cmdline")
-	if err != nil {
-		return nil, fmt.Errorf("procident: cmdline of pid %d: %w", pid, err)
+	// The live command line is the process's own memory, which it can
+	// rewrite; the one recorded at exec is preferred where it exists.
+	args, ok := []string(nil), false
+	if r.Execs != nil {
+		args, ok = r.Execs.argvAtExec(pid)
 	}
-	args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
+	if !ok {
+		var err error
+		if args, err = readArgs(pid); err != nil {
+			return nil, err
+		}
+	}
 	if len(args) <= 1 {
 		return nil, nil
 	}
-	args = args[1:]
-	if len(args) > maxArgs {
-		args = args[:maxArgs]
-	}
-	script := scriptArg(exe, args)
+	script := scriptArg(exe, args[1:])
 	if script == "" || len(script) > unix.PathMax {
 		return nil, nil
 	}
@@ -74,6 +77,20 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 		return nil, err
 	}
 	return []string{p}, nil
+}
+
+// readArgs reads pid's command line, argv[0] included, at most maxArgs
+// arguments after it.
+func readArgs(pid int) ([]string, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return nil, fmt.Errorf("procident: cmdline of pid %d: %w", pid, err)
+	}
+	args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
+	if len(args) > maxArgs+1 {
+		args = args[:maxArgs+1]
+	}
+	return args, nil
 }
 
 // resolveInRoot canonicalises the absolute path p inside the directory

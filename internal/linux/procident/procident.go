@@ -43,6 +43,10 @@ type Resolver struct {
 	// is the one the listeners live in, and the sandbox is it and its
 	// descendants.
 	InitPID int
+	// Execs, when set, tells which processes an ancestor forked while
+	// running its current binary; only those inherit its binding. Without
+	// it (no proc connector) every descendant does.
+	Execs *ExecWatch
 
 	snapMu sync.Mutex
 	snap   *snapshot
@@ -214,19 +218,26 @@ func (r *Resolver) identify(ref fdRef) (egress.Identity, error) {
 	return id, nil
 }
 
-// procKey names one process for its whole life: a recycled pid has
-// another start time.
+// procKey names one process running one executable: a recycled pid has
+// another start time, and an exec another executable.
 type procKey struct {
 	pid, ppid int
 	start     uint64
+	exeDev    uint64
+	exeIno    uint64
 }
 
 // maxCachedIDs bounds the identity cache; it is emptied when full.
 const maxCachedIDs = 4096
 
 // processKey reads the parent and start time from /proc/<pid>/stat (fields
-// 4 and 22, counted after the parenthesised command name).
+// 4 and 22, counted after the parenthesised command name) and the
+// executable's inode.
 func processKey(pid int) (procKey, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/exe", &st); err != nil {
+		return procKey{}, fmt.Errorf("procident: executable of pid %d: %w", pid, err)
+	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return procKey{}, fmt.Errorf("procident: stat of pid %d: %w", pid, err)
@@ -241,7 +252,7 @@ func processKey(pid int) (procKey, error) {
 	if err1 != nil || err2 != nil {
 		return procKey{}, fmt.Errorf("procident: /proc/%d/stat unparsable", pid)
 	}
-	return procKey{pid: pid, ppid: ppid, start: start}, nil
+	return procKey{pid: pid, ppid: ppid, start: start, exeDev: st.Dev, exeIno: st.Ino}, nil
 }
 
 // sameIdentity compares what a policy can tell apart.
@@ -333,7 +344,7 @@ func (r *Resolver) lineage(pid int) (egress.Identity, error) {
 		return egress.Identity{}, err
 	}
 	p := pid
-	for p != r.InitPID {
+	for depth := 0; p != r.InitPID; depth++ {
 		pp, err := parentOf(p)
 		if err != nil {
 			return egress.Identity{}, fmt.Errorf("procident: parent of %d: %w", p, err)
@@ -341,8 +352,14 @@ func (r *Resolver) lineage(pid int) (egress.Identity, error) {
 		if pp == r.InitPID {
 			break
 		}
-		if pp <= 1 || len(id.Ancestors) == maxAncestors {
+		if pp <= 1 || depth == maxAncestors {
 			return egress.Identity{}, fmt.Errorf("procident: pid %d does not descend from sandbox init %d", pid, r.InitPID)
+		}
+		if r.Execs != nil && !r.Execs.startedUnder(p, pp) {
+			// p predates pp's binary: it runs code pp's binary never
+			// vetted, and so does everything p started.
+			p = pp
+			continue
 		}
 		exe, _, err := r.exeIdentity(pp)
 		if err != nil {

@@ -1,0 +1,118 @@
+//go:build linux
+
+package procident
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// childOf waits for pid's only child and returns it.
+func childOf(t *testing.T, pid int) int {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+		if f := strings.Fields(string(b)); len(f) == 1 {
+			c, _ := strconv.Atoi(f[0])
+			return c
+		}
+	}
+	t.Fatalf("pid %d has no child", pid)
+	return 0
+}
+
+func TestExecWatchOrdersForkAndExec(t *testing.T) {
+	w, err := WatchExecs()
+	if err != nil {
+		if os.Getenv("CORRAL_NO_SKIP") == "1" {
+			t.Fatalf("proc connector: %v", err)
+		}
+		t.Skipf("proc connector unavailable (needs root): %v", err)
+	}
+	defer w.Close()
+	for _, tc := range []struct {
+		name, script string
+		want         bool
+	}{
+		// The child is forked by the shell that then stays the shell.
+		{"forked after", "sleep 5 & wait", true},
+		// The child is forked, then its parent becomes another program.
+		{"forked before exec", "sleep 5 & exec sleep 6", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command("/bin/sh", "-c", tc.script)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			parent := cmd.Process.Pid
+			child := childOf(t, parent)
+			if tc.want == false {
+				// Let the exec happen.
+				for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if exe, _ := os.Readlink("/proc/" + strconv.Itoa(parent) + "/exe"); strings.HasSuffix(exe, "/sleep") {
+						break
+					}
+				}
+			}
+			defer func() { _ = syscall.Kill(child, syscall.SIGKILL) }()
+			if got := w.startedUnder(child, parent); got != tc.want {
+				t.Errorf("startedUnder(%d, %d) = %v, want %v", child, parent, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestExecWatchKeepsArgvFromExec: an interpreter that rewrites its own
+// command line after exec is still known by the one it was started with.
+func TestExecWatchKeepsArgvFromExec(t *testing.T) {
+	w, err := WatchExecs()
+	if err != nil {
+		if os.Getenv("CORRAL_NO_SKIP") == "1" {
+			t.Fatalf("proc connector: %v", err)
+		}
+		t.Skipf("proc connector unavailable: %v", err)
+	}
+	defer w.Close()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not installed")
+	}
+	rewrite := `import sys, time
+stat = open("/proc/self/stat").read()
+f = stat[stat.rindex(")") + 2:].split()
+start, end = int(f[45]), int(f[46])
+new = b"python3\0/usr/local/bin/trusted.py\0"
+with open("/proc/self/mem", "r+b", buffering=0) as m:
+    m.seek(start)
+    m.write(new + b"\0" * (end - start - len(new)))
+print("rewritten", flush=True)
+time.sleep(30)
+`
+	cmd := exec.Command(py, "-c", rewrite, strings.Repeat("x", 100))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	buf := make([]byte, 64)
+	if n, _ := out.Read(buf); !strings.Contains(string(buf[:n]), "rewritten") {
+		t.Fatalf("the interpreter did not rewrite its argv: %q", buf[:n])
+	}
+	live, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline")
+	if !strings.Contains(string(live), "trusted.py") {
+		t.Fatalf("the rewrite did not show in /proc: %q", live)
+	}
+	args, ok := w.argvAtExec(cmd.Process.Pid)
+	if !ok || len(args) < 2 || args[1] != "-c" {
+		t.Fatalf("argv at exec = %q, %v; want the python3 -c command line", args, ok)
+	}
+}
