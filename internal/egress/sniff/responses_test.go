@@ -61,3 +61,42 @@ func TestResponsesFollowFraming(t *testing.T) {
 		}
 	}
 }
+
+// FuzzResponses: how the server's bytes are split never changes what the
+// follower concludes, a WebSocket request is answered at most once, and
+// only a 101 grants one.
+func FuzzResponses(f *testing.F) {
+	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"), uint8(3), uint8(2))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"), uint8(5), uint8(2))
+	f.Add([]byte("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"), uint8(1), uint8(1))
+	f.Fuzz(func(t *testing.T, stream []byte, step, wsAt uint8) {
+		reqs := make([]exchange, 3)
+		for i := range reqs {
+			reqs[i] = exchange{method: "GET", websocket: i == int(wsAt%3)}
+		}
+		run := func(step int) []bool {
+			var told []bool
+			r := &responses{outcome: func(a bool) { told = append(told, a) }}
+			for _, ex := range reqs {
+				r.expect(ex)
+			}
+			for s := stream; len(s) > 0; {
+				n := min(step, len(s))
+				r.feed(s[:n])
+				s = s[n:]
+			}
+			r.end()
+			return told
+		}
+		whole := run(len(stream) + 1)
+		if split := run(int(step%16) + 1); !slices.Equal(whole, split) {
+			t.Fatalf("fed whole: %v, fed %d bytes at a time: %v", whole, step%16+1, split)
+		}
+		if len(whole) > 1 {
+			t.Fatalf("one WebSocket request was answered %d times", len(whole))
+		}
+		if len(whole) == 1 && whole[0] && !strings.Contains(string(stream), " 101") {
+			t.Fatalf("a WebSocket was granted without a 101 in %q", stream)
+		}
+	})
+}
