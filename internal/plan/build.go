@@ -71,6 +71,8 @@ type builder struct {
 	c  Context
 	h  Host
 	pl *Plan
+	// places caches corralPlaces.
+	places []corralPlace
 }
 
 func (b *builder) warn(format string, args ...any) {
@@ -446,34 +448,43 @@ func (b *builder) keepsCorralOut(path, src, why string) error {
 	if why == "workdir" {
 		drop = "run from another directory (--workdir)"
 	}
-	check := func(what, dir, elsewhere string) error {
-		if dir == "" {
-			return nil
-		}
-		if real, err := resolve(b.h.FS, dir, nil); err == nil {
-			dir = real
-		}
+	for _, c := range b.corralPlaces() {
 		switch {
-		case under(dir, []string{src}):
-			return fmt.Errorf("%s %s holds corral's %s %s, which no sandbox may reach: %s, or %s", why, path, what, dir, drop, elsewhere)
-		case under(src, []string{dir}):
-			return fmt.Errorf("%s %s lies inside corral's %s %s, which no sandbox may reach: %s", why, path, what, dir, drop)
-		}
-		return nil
-	}
-	if err := check("state directory", b.c.StateDir, "keep corral's state elsewhere with --state-dir"); err != nil {
-		return err
-	}
-	if b.c.AuditLog == "" {
-		return nil
-	}
-	// The log's rotated generations hold the same trail.
-	for _, p := range []string{b.c.AuditLog, b.c.AuditLog + ".1", b.c.AuditLog + ".2"} {
-		if err := check("audit log", p, "write the audit log elsewhere with --audit-log"); err != nil {
-			return err
+		case under(c.path, []string{src}):
+			return fmt.Errorf("%s %s holds corral's %s %s, which no sandbox may reach: %s, or %s", why, path, c.what, c.path, drop, c.elsewhere)
+		case under(src, []string{c.path}):
+			return fmt.Errorf("%s %s lies inside corral's %s %s, which no sandbox may reach: %s", why, path, c.what, c.path, drop)
 		}
 	}
 	return nil
+}
+
+// corralPlace is a host path of corral's own that no sandbox may reach.
+type corralPlace struct{ what, path, elsewhere string }
+
+// corralPlaces resolves the state directory and the audit log (with its
+// rotated generations, which hold the same trail) once per plan.
+func (b *builder) corralPlaces() []corralPlace {
+	if b.places != nil {
+		return b.places
+	}
+	b.places = []corralPlace{}
+	add := func(what, p, elsewhere string) {
+		if p == "" {
+			return
+		}
+		if real, err := resolve(b.h.FS, p, nil); err == nil {
+			p = real
+		}
+		b.places = append(b.places, corralPlace{what, p, elsewhere})
+	}
+	add("state directory", b.c.StateDir, "keep corral's state elsewhere with --state-dir")
+	if b.c.AuditLog != "" {
+		for _, p := range []string{b.c.AuditLog, b.c.AuditLog + ".1", b.c.AuditLog + ".2"} {
+			add("audit log", p, "write the audit log elsewhere with --audit-log")
+		}
+	}
+	return b.places
 }
 
 // writeAccess decides how the workload writes a read_write path. Where it
