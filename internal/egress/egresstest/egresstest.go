@@ -43,6 +43,8 @@ func (d Decider) NameAllowed(host string) bool { return d[host] }
 // requests it was asked for.
 type Dialer struct {
 	Addr string
+	// Err, when set, is what every dial fails with instead.
+	Err  error
 	mu   sync.Mutex
 	reqs []egress.Request
 }
@@ -52,6 +54,9 @@ func (d *Dialer) Dial(ctx context.Context, r egress.Request, _ []netip.Prefix) (
 	d.mu.Lock()
 	d.reqs = append(d.reqs, r)
 	d.mu.Unlock()
+	if d.Err != nil {
+		return nil, d.Err
+	}
 	var nd net.Dialer
 	return nd.DialContext(ctx, "tcp", d.Addr)
 }

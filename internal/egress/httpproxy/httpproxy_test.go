@@ -2,9 +2,11 @@ package httpproxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -143,6 +145,22 @@ func TestConnectUpstreamUnreachable(t *testing.T) {
 	io.WriteString(c, "CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
 	if body := readDeny(t, c, http.MethodConnect, http.StatusBadGateway); body.Reason != egress.ReasonUpstream {
 		t.Fatalf("body %+v", body)
+	}
+}
+
+// TestUpstreamTimeoutIs504: a slow destination is a 504, which clients
+// that show only the status line tell apart from a dead one's 502.
+func TestUpstreamTimeoutIs504(t *testing.T) {
+	h := start(t, "")
+	h.dialer.Err = fmt.Errorf("dial allowed.test: %w", context.DeadlineExceeded)
+	c := h.dial(t)
+	io.WriteString(c, "GET http://allowed.test/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	if body := readDeny(t, c, http.MethodGet, http.StatusGatewayTimeout); body.Reason != egress.ReasonUpstreamTimeout {
+		t.Fatalf("body %+v", body)
+	}
+	evs := h.audit.Events(t)
+	if len(evs) != 1 || evs[0][audit.FieldEvent] != audit.NetConnectFailed || evs[0]["reason"] != egress.ReasonUpstreamTimeout {
+		t.Fatalf("events %v", evs)
 	}
 }
 

@@ -1,0 +1,37 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+)
+
+func TestFailureReasons(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("dial: %w", context.DeadlineExceeded), ReasonUpstreamTimeout},
+		{fmt.Errorf("connect: %w", syscall.ETIMEDOUT), ReasonUpstreamTimeout},
+		{fmt.Errorf("connect: %w", syscall.ECONNREFUSED), ReasonUpstream},
+		{errors.New("no such host"), ReasonUpstream},
+	} {
+		if got := UpstreamReason(tc.err, ReasonUpstream); got != tc.want {
+			t.Errorf("UpstreamReason(%v) = %s, want %s", tc.err, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("no process holds the socket: %w", ErrProcessExited), ReasonIdentityExited},
+		{fmt.Errorf("pidfd_open: %w", syscall.ESRCH), ReasonIdentityExited},
+		{errors.New("pid 7 does not descend from the sandbox init"), ReasonIdentity},
+	} {
+		if got := identityReason(tc.err); got != tc.want {
+			t.Errorf("identityReason(%v) = %s, want %s", tc.err, got, tc.want)
+		}
+	}
+}
