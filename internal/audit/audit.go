@@ -35,6 +35,9 @@ const (
 	NetConnectAllowed = "net.connect.allowed"
 	NetConnectDenied  = "net.connect.denied"
 	NetConnectFailed  = "net.connect.failed"
+	// NetConnectRevoked is an open connection a policy reload closed
+	// because the new policy denies it.
+	NetConnectRevoked = "net.connect.revoked"
 	NetDNSDenied      = "net.dns.denied"
 	// HTTPRequest is one request on an inspected connection: allowed,
 	// denied, or denied in audit mode and forwarded (decision "audit").

@@ -2,9 +2,20 @@
 // in the sandbox's run directory through which `corral policy set` swaps the
 // network policy of a running sandbox and `corral ps` reads its status. One
 // JSON request and one JSON response per connection.
+//
+// The protocol is versioned by the "v" field of both messages; this package
+// speaks Version. A request without "v" comes from a corral built before the
+// field existed, whose requests are exactly version 1, so it is served as
+// version 1. A request naming any other version is answered with an error
+// that names both versions, and nothing is done: a newer client may mean
+// something by fields this sandbox does not know. Requests are decoded
+// strictly (an unknown field is an error) for the same reason. Likewise a
+// response without "v" comes from a sandbox started by such an older corral
+// and reads as version 1, and Call refuses a response of a newer version.
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,10 +24,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
+
+// Version is the control protocol version this package speaks.
+const Version = 1
 
 // Operations.
 const (
@@ -27,8 +42,14 @@ const (
 // maxRequest bounds a request; a policy is at most a few hundred KiB.
 const maxRequest = 4 << 20
 
+// connDeadline bounds a whole exchange, so a client that connects and
+// says nothing does not hold a goroutine of the supervisor.
+const connDeadline = 30 * time.Second
+
 // Request is one command.
 type Request struct {
+	// V is the protocol version; Call fills it in.
+	V  int    `json:"v,omitempty"`
 	Op string `json:"op"`
 	// Policy is the YAML of the new policy for OpSetPolicy.
 	Policy string `json:"policy,omitempty"`
@@ -52,6 +73,7 @@ type Status struct {
 
 // Response answers a Request.
 type Response struct {
+	V      int     `json:"v"`
 	OK     bool    `json:"ok"`
 	Error  string  `json:"error,omitempty"`
 	Status *Status `json:"status,omitempty"`
@@ -65,71 +87,151 @@ type Handler interface {
 	SetPolicy(yaml []byte, source string) error
 }
 
-// Serve listens on path until ctx is done. allow vets each client before
-// its request is read; a refused client gets an error response.
-func Serve(ctx context.Context, path string, h Handler, allow func(Peer) error, log *slog.Logger) error {
-	_ = os.Remove(path)
+// Listen creates the control socket at path, readable and writable by its
+// owner only, replacing a stale one left by a crashed sandbox.
+func Listen(path string) (net.Listener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale control socket: %w", err)
+	}
 	// The run directory is 0700, so nobody else can reach the socket even
 	// in the moment before the chmod below.
 	l, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("listen on control socket: %w", err)
+		return nil, fmt.Errorf("listen on control socket: %w", err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
-		return fmt.Errorf("restrict control socket: %w", err)
+		return nil, fmt.Errorf("restrict control socket: %w", err)
 	}
-	go func() {
-		<-ctx.Done()
-		l.Close()
-	}()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
+	return l, nil
+}
+
+// Serve answers requests on l until ctx is done, then closes l and returns
+// nil once the requests in progress are answered. allow vets each client
+// before its request is read; a refused client gets an error response.
+// Connections must be Unix socket connections: the client's credentials
+// come from the kernel.
+func Serve(ctx context.Context, l net.Listener, h Handler, allow func(Peer) error, log *slog.Logger) error {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
-			go handle(c, h, allow, log)
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("control socket closed: %w", err)
+			}
+			// Out of descriptors, most likely: the socket stays up and is
+			// retried, as losing it would lose ps and policy set for the
+			// sandbox's whole life.
+			log.Warn("accept control connection", "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return nil
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
 		}
-	}()
-	return nil
+		backoff = 5 * time.Millisecond
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			handle(c, h, allow, log)
+		}()
+	}
 }
 
 func handle(c net.Conn, h Handler, allow func(Peer) error, log *slog.Logger) {
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(connDeadline))
 	peer, err := peerOf(c)
 	if err == nil {
 		err = allow(peer)
 	}
+	var resp Response
 	if err != nil {
 		log.Warn("control connection refused", "err", err)
-		_ = json.NewEncoder(c).Encode(Response{Error: "refused: " + err.Error()})
-		return
-	}
-	var req Request
-	if err := json.NewDecoder(io.LimitReader(c, maxRequest)).Decode(&req); err != nil {
-		_ = json.NewEncoder(c).Encode(Response{Error: "bad request: " + err.Error()})
-		return
-	}
-	var resp Response
-	switch req.Op {
-	case OpStatus:
-		st := h.Status()
-		resp = Response{OK: true, Status: &st}
-	case OpSetPolicy:
-		if err := h.SetPolicy([]byte(req.Policy), req.Source); err != nil {
-			resp = Response{Error: err.Error()}
-		} else {
-			st := h.Status()
-			resp = Response{OK: true, Status: &st}
-		}
-	default:
-		resp = Response{Error: fmt.Sprintf("unknown operation %q", req.Op)}
+		resp = fail("refused: " + err.Error())
+	} else {
+		resp = answer(c, h)
 	}
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
 		log.Debug("control response", "err", err)
 	}
+}
+
+func fail(msg string) Response { return Response{V: Version, Error: msg} }
+
+// answer reads one request from r and carries it out.
+func answer(r io.Reader, h Handler) Response {
+	req, err := readRequest(r)
+	if err != nil {
+		return fail(err.Error())
+	}
+	switch req.Op {
+	case OpStatus:
+	case OpSetPolicy:
+		if err := h.SetPolicy([]byte(req.Policy), req.Source); err != nil {
+			return fail(err.Error())
+		}
+	default:
+		return fail(fmt.Sprintf("unknown operation %q", req.Op))
+	}
+	st := h.Status()
+	return Response{V: Version, OK: true, Status: &st}
+}
+
+var errTooLarge = fmt.Errorf("request larger than %d bytes", maxRequest)
+
+// readRequest decodes one request. The version is checked before the rest
+// of the request is interpreted, so a client speaking another version is
+// told so rather than what its fields mean here.
+func readRequest(r io.Reader) (Request, error) {
+	var raw json.RawMessage
+	if err := json.NewDecoder(&capReader{r: r, n: maxRequest}).Decode(&raw); err != nil {
+		return Request{}, fmt.Errorf("bad request: %w", err)
+	}
+	var v struct {
+		V *int `json:"v"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return Request{}, fmt.Errorf("bad request: %w", err)
+	}
+	if v.V != nil && *v.V != Version {
+		return Request{}, fmt.Errorf("control protocol version %d is not supported: this sandbox speaks version %d (its corral is older or newer than the client's)", *v.V, Version)
+	}
+	var req Request
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return Request{}, fmt.Errorf("bad request: %w", err)
+	}
+	return req, nil
+}
+
+// capReader fails with errTooLarge once more than n bytes are asked of it,
+// where an io.LimitReader would end the request in a misleading EOF.
+type capReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.n <= 0 {
+		return 0, errTooLarge
+	}
+	if int64(len(p)) > c.n {
+		p = p[:c.n]
+	}
+	n, err := c.r.Read(p)
+	c.n -= int64(n)
+	return n, err
 }
 
 // Call sends one request to the sandbox's control socket.
@@ -146,12 +248,22 @@ func Call(ctx context.Context, stateDir, id string, req Request) (Response, erro
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	if err := json.NewEncoder(c).Encode(req); err != nil {
-		return Response{}, err
+	if req.V == 0 {
+		req.V = Version
 	}
+	// A sandbox that refuses the request (a refused client, a request too
+	// large) answers before it has read all of it and hangs up, so a
+	// failed write still leaves its reason to read.
+	werr := json.NewEncoder(c).Encode(req)
 	var resp Response
 	if err := json.NewDecoder(c).Decode(&resp); err != nil {
+		if werr != nil {
+			return Response{}, fmt.Errorf("send request to sandbox %s: %w", id, werr)
+		}
 		return Response{}, fmt.Errorf("read response from sandbox %s: %w", id, err)
+	}
+	if resp.V > Version {
+		return Response{}, fmt.Errorf("sandbox %s answered in control protocol version %d; this corral speaks version %d", id, resp.V, Version)
 	}
 	return resp, nil
 }

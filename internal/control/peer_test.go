@@ -54,9 +54,11 @@ func peerFrom(t *testing.T, attr *syscall.SysProcAttr) Peer {
 		seen = append(seen, p)
 		return nil
 	}
-	if err := Serve(ctx, path, fakeHandler{}, allow, slog.New(slog.DiscardHandler)); err != nil {
+	l, err := Listen(path)
+	if err != nil {
 		t.Fatal(err)
 	}
+	go func() { _ = Serve(ctx, l, fakeHandler{}, allow, slog.New(slog.DiscardHandler)) }()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), clientEnv+"="+path)
 	cmd.SysProcAttr = attr

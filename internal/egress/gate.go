@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
@@ -31,6 +32,16 @@ type Gate struct {
 	// Admission bounds the connections the gate's listeners hold at once;
 	// nil bounds nothing.
 	Admission *Admission
+
+	// open are the tunnels being carried, which Revoke re-decides.
+	openMu sync.Mutex
+	open   map[*openTunnel]struct{}
+}
+
+// openTunnel is a carried tunnel and how to end it.
+type openTunnel struct {
+	r     Request
+	close func()
 }
 
 // Tunnel is an allowed connection.
@@ -88,6 +99,7 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r Request) (*Tunnel
 // refusal resets the client: an RST is the only reason a raw TCP client
 // can be shown.
 func (g *Gate) Carry(ctx context.Context, client net.Conn, t *Tunnel, ahead []byte, idle time.Duration) {
+	defer g.track(t, client)()
 	recheck := g.Recheck(ctx, client, t.Request)
 	check := func(kind, name string, err error) error {
 		derr := recheck(kind, name, err)
@@ -103,6 +115,64 @@ func (g *Gate) Carry(ctx context.Context, client net.Conn, t *Tunnel, ahead []by
 	if _, _, err := relay.Relay(Guarded(client, ahead, t.Request, check), t.Up, idle); err != nil && g.Log != nil {
 		g.Log.Debug("tunnel ended", "via", t.Request.Via, "target", t.Request.Target(), "err", err)
 	}
+}
+
+// track records t as open until the returned func is called.
+func (g *Gate) track(t *Tunnel, client net.Conn) (untrack func()) {
+	ot := &openTunnel{r: t.Request, close: func() {
+		client.Close()
+		t.Up.Close()
+	}}
+	g.openMu.Lock()
+	if g.open == nil {
+		g.open = map[*openTunnel]struct{}{}
+	}
+	g.open[ot] = struct{}{}
+	g.openMu.Unlock()
+	return func() {
+		g.openMu.Lock()
+		delete(g.open, ot)
+		g.openMu.Unlock()
+	}
+}
+
+// Revoke decides every open tunnel again, as if it were opened now, and
+// closes those the policy in force denies, each with a net.connect.revoked
+// event. A reload calls it after the new policy is in force: relayed bytes
+// (uninspected TLS, a WebSocket after its 101, any other TCP stream) carry
+// no requests that could be re-decided one by one. It returns how many it
+// closed.
+func (g *Gate) Revoke(ctx context.Context) int {
+	g.openMu.Lock()
+	open := make([]*openTunnel, 0, len(g.open))
+	for ot := range g.open {
+		open = append(open, ot)
+	}
+	g.openMu.Unlock()
+	closed := 0
+	for _, ot := range open {
+		if g.Decider == nil {
+			break
+		}
+		d := g.Decider.Decide(ctx, ot.r)
+		if d.Allow {
+			continue
+		}
+		ot.close()
+		closed++
+		if g.Audit != nil {
+			kv := []any{"via", ot.r.Via, "source", ot.r.Source.String(), "host", ot.r.Host, "port", ot.r.Port,
+				"binary", ot.r.Identity.Binary, "pid", ot.r.Identity.PID, "policy", d.Policy, "reason", d.Reason, "detail", d.Detail}
+			if ot.r.Host == "" {
+				kv = append(kv, "ip", ot.r.IP.String())
+			}
+			g.Audit.Emit(audit.NetConnectRevoked, kv...)
+		}
+		if g.Log != nil {
+			g.Log.Warn("open connection closed: the reloaded policy denies it", "target", ot.r.Target(), "binary", ot.r.Identity.Binary, "reason", d.Reason)
+		}
+	}
+	return closed
 }
 
 // Guarded returns client replaying ahead and, when the connection was

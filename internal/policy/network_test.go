@@ -25,8 +25,8 @@ func TestParseAllowEntry(t *testing.T) {
 		{"[::1", Endpoint{}, `"[::1" has no closing ] — write host[:port] or cidr[:port], e.g. "api.github.com:443" or "10.1.0.0/16:5432"`},
 		{"*", Endpoint{}, `"*" matches every host — name the domain, e.g. *.example.com; use network.mode: allow for unrestricted access`},
 		{"*.com:443", Endpoint{}, `"*.com" covers a whole top-level domain — name the domain, e.g. *.example.com; use network.mode: allow for unrestricted access`},
-		{"127.0.0.1:8080", Endpoint{}, `"127.0.0.1" includes loopback addresses (127.0.0.0/8) — ` + forbiddenFix},
-		{"[fe80::1]:22", Endpoint{}, `"fe80::1" includes link-local addresses (fe80::/10) — ` + forbiddenFix},
+		{"127.0.0.1:8080", Endpoint{}, refusedEntry("127.0.0.1", "loopback", "127.0.0.0/8", whyLoopback)},
+		{"[fe80::1]:22", Endpoint{}, refusedEntry("fe80::1", "link-local", "fe80::/10", whyLinkLocal)},
 		{"10.0.0/8", Endpoint{}, `"10.0.0/8" is not an IP address or CIDR — write it like "10.0.0.0/8" or "192.0.2.10"`},
 	}
 	for _, tt := range tests {
@@ -47,7 +47,7 @@ func TestNetworkAllowValidation(t *testing.T) {
 	got := problems(t, "version: 1\nnetwork: {allow: [ok.example.com, 'bad host', '169.254.169.254:80']}\n")
 	want := []string{
 		`network.allow[1]: "bad host" has invalid characters in "bad host" — use letters, digits, hyphens and dots; labels cannot start or end with a hyphen`,
-		`network.allow[2]: "169.254.169.254" includes metadata addresses (169.254.169.254/32) — ` + forbiddenFix,
+		refused("network.allow[2]", "169.254.169.254", "metadata", "169.254.169.254/32", whyMetadata),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q\nwant %q", got, want)

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/netclass"
 )
 
 // Problem is one thing wrong with a policy (or worth a warning).
@@ -454,8 +456,9 @@ func checkHost(h string) (msg, fix string) {
 		return fmt.Sprintf("%q ends with a dot", h), fmt.Sprintf("write it as %q", strings.TrimRight(h, "."))
 	}
 	if a, err := netip.ParseAddr(h); err == nil {
-		if kind, cidr := forbiddenRange(netip.PrefixFrom(a, a.BitLen())); kind != "" {
-			return fmt.Sprintf("%q is a %s address (%s)", h, kind, cidr), forbiddenFix
+		if r, ok := netclass.NeverAllowedIn(netip.PrefixFrom(a, a.BitLen())); ok {
+			class, why := neverAllowed(r)
+			return fmt.Sprintf("%q is a %s address %s", h, class, why), forbiddenFix
 		}
 		return "", ""
 	}
@@ -489,39 +492,23 @@ func checkHost(h string) (msg, fix string) {
 	return "", ""
 }
 
-const forbiddenFix = "list only the ranges you need; loopback, link-local and cloud metadata addresses are never reachable from the sandbox"
+const forbiddenFix = "list only the ranges you need; loopback, link-local, cloud metadata and corral's own synthetic and capture addresses are never reachable from the sandbox"
 
-// forbidden are ranges no rule may open: the host's own services, link-local
-// peers and cloud metadata endpoints (credential theft). Metadata comes
-// before link-local so that the more specific name is reported.
-var forbidden = []struct {
-	kind   string
-	prefix netip.Prefix
-}{
-	{"loopback", netip.MustParsePrefix("127.0.0.0/8")},
-	{"loopback", netip.MustParsePrefix("::1/128")},
-	{"unspecified", netip.MustParsePrefix("0.0.0.0/8")},
-	{"unspecified", netip.MustParsePrefix("::/128")},
-	{"metadata", netip.MustParsePrefix("169.254.169.254/32")},
-	{"metadata", netip.MustParsePrefix("fd00:ec2::254/128")},
-	{"link-local", netip.MustParsePrefix("169.254.0.0/16")},
-	{"link-local", netip.MustParsePrefix("fe80::/10")},
-	// IPv4-mapped forms reach the same IPv4 hosts.
-	{"loopback", netip.MustParsePrefix("::ffff:127.0.0.0/104")},
-	{"unspecified", netip.MustParsePrefix("::ffff:0.0.0.0/104")},
-	{"link-local", netip.MustParsePrefix("::ffff:169.254.0.0/112")},
-}
-
-func forbiddenRange(p netip.Prefix) (kind, cidr string) {
-	for _, f := range forbidden {
-		if p.Overlaps(f.prefix) {
-			return f.kind, f.prefix.String()
-		}
+// neverAllowed returns the class of r as users read it, and the block it
+// covers with why the dialer refuses those addresses whatever the policy
+// says.
+func neverAllowed(r netclass.Range) (class, why string) {
+	block := r.Prefix.String()
+	if r.Form != "" {
+		block = fmt.Sprintf("%s, the %s form of %s", r.Prefix, r.Form, r.Of)
 	}
-	return "", ""
+	return strings.ReplaceAll(string(r.Class), "_", "-"),
+		fmt.Sprintf("(%s); corral never connects to those, whatever allowed_ips say: %s", block, netclass.Reason(r.Class))
 }
 
-// parseIPRange parses an IP or CIDR and rejects forbidden ranges.
+// parseIPRange parses an IP or CIDR and rejects any that overlaps addresses
+// the dialer never connects to: the entry would promise what the dialer
+// refuses, and a wide one (0.0.0.0/0) reads as if it opened them.
 func parseIPRange(s string) (p netip.Prefix, msg, fix string) {
 	const example = `write it like "10.0.0.0/8" or "192.0.2.10"`
 	var err error
@@ -542,8 +529,9 @@ func parseIPRange(s string) (p netip.Prefix, msg, fix string) {
 	if m := p.Masked(); m != p {
 		return p, fmt.Sprintf("%q has bits set after the /%d prefix", s, p.Bits()), fmt.Sprintf("write it as %q", m.String())
 	}
-	if kind, cidr := forbiddenRange(p); kind != "" {
-		return p, fmt.Sprintf("%q includes %s addresses (%s)", s, kind, cidr), forbiddenFix
+	if r, ok := netclass.NeverAllowedIn(p); ok {
+		class, why := neverAllowed(r)
+		return p, fmt.Sprintf("%q includes %s addresses %s", s, class, why), forbiddenFix
 	}
 	return p, "", ""
 }

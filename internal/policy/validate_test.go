@@ -163,7 +163,8 @@ func TestValidationRules(t *testing.T) {
 		{"host localhost", endpointPolicy("host: localhost\nport: 443"), []string{
 			ep + `.host: "localhost" is a loopback name — ` + forbiddenFix}},
 		{"host metadata ip", endpointPolicy("host: 169.254.169.254\nport: 80"), []string{
-			ep + `.host: "169.254.169.254" is a metadata address (169.254.169.254/32) — ` + forbiddenFix}},
+			ep + `.host: "169.254.169.254" is a metadata address (169.254.169.254/32); corral never connects to those, whatever allowed_ips say: ` +
+				whyMetadata + ` — ` + forbiddenFix}},
 		{"host bad ipv4", endpointPolicy("host: 10.0.0.300\nport: 80"), []string{
 			ep + `.host: "10.0.0.300" is not a valid IPv4 address — fix the address, or list it in allowed_ips`}},
 
@@ -172,15 +173,15 @@ func TestValidationRules(t *testing.T) {
 		{"ips host bits", endpointPolicy("allowed_ips: [10.1.2.3/8]\nport: 443"), []string{
 			ep + `.allowed_ips[0]: "10.1.2.3/8" has bits set after the /8 prefix — write it as "10.0.0.0/8"`}},
 		{"ips loopback", endpointPolicy("allowed_ips: [127.0.0.1, '::1', 0.0.0.0/0]\nport: 443"), []string{
-			ep + `.allowed_ips[0]: "127.0.0.1" includes loopback addresses (127.0.0.0/8) — ` + forbiddenFix,
-			ep + `.allowed_ips[1]: "::1" includes loopback addresses (::1/128) — ` + forbiddenFix,
-			ep + `.allowed_ips[2]: "0.0.0.0/0" includes loopback addresses (127.0.0.0/8) — ` + forbiddenFix}},
+			refused(ep+".allowed_ips[0]", "127.0.0.1", "loopback", "127.0.0.0/8", whyLoopback),
+			refused(ep+".allowed_ips[1]", "::1", "loopback", "::1/128", whyLoopback),
+			refused(ep+".allowed_ips[2]", "0.0.0.0/0", "loopback", "127.0.0.0/8", whyLoopback)}},
 		{"ips link-local and metadata", endpointPolicy("allowed_ips: [169.254.169.254, 169.254.1.0/24, 'fe80::/64', 'fd00:ec2::254', '::ffff:127.0.0.1']\nport: 443"), []string{
-			ep + `.allowed_ips[0]: "169.254.169.254" includes metadata addresses (169.254.169.254/32) — ` + forbiddenFix,
-			ep + `.allowed_ips[1]: "169.254.1.0/24" includes link-local addresses (169.254.0.0/16) — ` + forbiddenFix,
-			ep + `.allowed_ips[2]: "fe80::/64" includes link-local addresses (fe80::/10) — ` + forbiddenFix,
-			ep + `.allowed_ips[3]: "fd00:ec2::254" includes metadata addresses (fd00:ec2::254/128) — ` + forbiddenFix,
-			ep + `.allowed_ips[4]: "::ffff:127.0.0.1" includes loopback addresses (::ffff:127.0.0.0/104) — ` + forbiddenFix}},
+			refused(ep+".allowed_ips[0]", "169.254.169.254", "metadata", "169.254.169.254/32", whyMetadata),
+			refused(ep+".allowed_ips[1]", "169.254.1.0/24", "link-local", "169.254.0.0/16", whyLinkLocal),
+			refused(ep+".allowed_ips[2]", "fe80::/64", "link-local", "fe80::/10", whyLinkLocal),
+			refused(ep+".allowed_ips[3]", "fd00:ec2::254", "metadata", "fd00:ec2::254/128", whyMetadata),
+			refused(ep+".allowed_ips[4]", "::ffff:127.0.0.1", "loopback", "::ffff:127.0.0.0/104, the IPv4-mapped form of 127.0.0.0/8", whyLoopback)}},
 
 		{"rules and access", endpointPolicy("host: api.example.com\nport: 443\nprotocol: rest\ntls: terminate\naccess: full\nrules: [{allow: {method: GET, path: /**}}]"), []string{
 			ep + `: rules and access are both set — keep one of them; access is shorthand for a set of rules`}},

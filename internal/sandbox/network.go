@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
@@ -22,15 +22,12 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
+	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
-
-// SyntheticPrefix is where the sandbox's DNS server takes the addresses it
-// answers for allowed names; a connection to one names its host exactly.
-var SyntheticPrefix = netip.MustParsePrefix("198.18.0.0/16")
 
 // Egress configures proxy mode.
 type Egress struct {
@@ -58,21 +55,25 @@ type Egress struct {
 
 // egressReload swaps the decision engine and the secrets' scopes together.
 // The new scopes are worked out first, so a policy either takes effect
-// whole or not at all.
+// whole or not at all. Then the open connections are decided again.
 type egressReload struct {
 	engine  Reloadable
 	secrets *secrets.Live
+	// gate carries the open connections, once the listeners are up.
+	gate atomic.Pointer[egress.Gate]
 }
 
-func (r egressReload) Swap(p *policy.Policy) error {
+func (r *egressReload) Swap(p *policy.Policy) error {
 	scoped, err := r.secrets.Load().Rescope(p.Secrets)
 	if err != nil {
 		return err
 	}
-	if err := r.engine.Swap(p); err != nil {
+	if err := r.secrets.Reload(func() error { return r.engine.Swap(p) }, scoped); err != nil {
 		return err
 	}
-	r.secrets.Store(scoped)
+	if g := r.gate.Load(); g != nil {
+		g.Revoke(context.Background())
+	}
 	return nil
 }
 
@@ -130,7 +131,7 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	if !l.IPv6 {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
-	pool := dns.NewPool(SyntheticPrefix)
+	pool := dns.NewPool(netclass.SyntheticPrefix)
 	dial := dialer.New(s.Egress.UpstreamDNS)
 	gate := &egress.Gate{
 		Decider:    s.Egress.Engine,
@@ -145,6 +146,9 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 		// One admission for all listeners: the limit is the sandbox's, and
 		// descriptors are the supervisor's, whichever listener spends them.
 		Admission: egress.NewAdmission(int(s.Plan.Limits.Connections), s.Audit, s.Log),
+	}
+	if s.reload != nil {
+		s.reload.gate.Store(gate)
 	}
 	resolver := &dns.Server{Decider: s.Egress.Engine, Audit: s.Audit, Log: s.Log, Pool: pool}
 	idle := time.Duration(s.Plan.Limits.TunnelIdleMS) * time.Millisecond

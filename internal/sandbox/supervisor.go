@@ -87,7 +87,8 @@ func Run(ctx context.Context, o Options) (int, error) {
 	defer stop()
 	s.pol = policyState{current: o.Policy, version: 1}
 	if o.Egress != nil {
-		s.pol.target = egressReload{engine: o.Egress.Engine, secrets: o.Egress.Secrets}
+		s.reload = &egressReload{engine: o.Egress.Engine, secrets: o.Egress.Secrets}
+		s.pol.target = s.reload
 	}
 	return s.run(ctx)
 }
@@ -104,6 +105,9 @@ type supervisor struct {
 	// socketKill holds the bytes over the limit when watchSocketMemory
 	// killed the sandbox; 0 otherwise.
 	socketKill atomic.Int64
+	// reload swaps the egress's policy and re-decides open connections;
+	// nil outside proxy mode.
+	reload *egressReload
 	// execs follows forks and execs, so an ancestor's binding goes only to
 	// what it started as that binary; nil where that cannot be watched.
 	execs *procident.ExecWatch
@@ -156,6 +160,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			return ExitSetupFailed, err
 		}
 	}
+	for _, d := range planDegradations(s.Plan) {
+		s.degraded(d)
+	}
 	if err := s.createCgroup(); err != nil {
 		return ExitSetupFailed, err
 	}
@@ -189,6 +196,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			defer w.Close()
 		} else {
 			s.Log.Warn("cannot follow forks and execs; a child forked before its parent exec'd an allowed binary inherits that binary's binding", "err", err)
+			s.degraded(degradation{degradedExecTracking, fmt.Sprintf("cannot follow forks and execs (%v): a child forked before its parent exec'd an allowed binary inherits that binary's binding", err)})
 		}
 	}
 	done := make(chan struct{})
@@ -214,10 +222,16 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	// update or a ps never finds a running sandbox without one.
 	ctlCtx, stopCtl := context.WithCancel(ctx)
 	defer stopCtl()
-	if err := control.Serve(ctlCtx, statedir.Control(s.StateDir, s.ID), s, s.allowControl, s.Log); err != nil {
+	if l, err := control.Listen(statedir.Control(s.StateDir, s.ID)); err != nil {
 		// The sandbox is fully confined without it; only live reloads and
 		// ps are lost, so this degrades instead of killing the workload.
 		s.Log.Warn("control socket unavailable: corral ps and policy set will not see this sandbox", "err", err)
+	} else {
+		go func() {
+			if err := control.Serve(ctlCtx, l, s, s.allowControl, s.Log); err != nil {
+				s.Log.Warn("control socket stopped: corral ps and policy set no longer see this sandbox", "err", err)
+			}
+		}()
 	}
 	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root()}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {

@@ -21,6 +21,8 @@ type watchdog struct {
 	walltime time.Duration        // measured from start; 0 = none
 	start    time.Time
 	log      *slog.Logger
+	// after is the clock; nil means time.After.
+	after func(time.Duration) <-chan time.Time
 }
 
 // catchSignals starts catching the signals corral forwards. It is called
@@ -33,17 +35,25 @@ func catchSignals() (<-chan os.Signal, func()) {
 }
 
 func (w watchdog) run(ctx context.Context, done <-chan struct{}) (timedOut bool) {
-	sigs := w.sigs
-
+	after := w.after
+	if after == nil {
+		after = time.After
+	}
+	sigs, cancelled := w.sigs, ctx.Done()
 	var deadline, grace <-chan time.Time
 	if w.walltime > 0 {
-		t := time.NewTimer(w.walltime - time.Since(w.start))
-		defer t.Stop()
-		deadline = t.C
+		deadline = after(w.walltime - time.Since(w.start))
 	}
+	// stop asks once and arms the one SIGKILL; a second reason to stop
+	// (the walltime after a cancel) changes neither.
+	stopping := false
 	stop := func() {
+		if stopping {
+			return
+		}
+		stopping = true
 		w.signal(unix.SIGTERM)
-		grace = time.After(Grace)
+		grace = after(Grace)
 	}
 	for {
 		select {
@@ -55,13 +65,17 @@ func (w watchdog) run(ctx context.Context, done <-chan struct{}) (timedOut bool)
 				continue
 			}
 			w.signal(sig.(syscall.Signal))
-		case <-ctx.Done():
+		case <-cancelled:
+			// A closed channel stays ready: take it out of the select.
+			cancelled = nil
 			stop()
 		case <-deadline:
+			deadline = nil
 			timedOut = true
 			w.log.Warn("walltime exceeded; stopping the workload", "walltime", w.walltime, "grace", Grace)
 			stop()
 		case <-grace:
+			grace = nil
 			w.signal(unix.SIGKILL)
 		case <-done:
 			return timedOut

@@ -393,6 +393,29 @@ echo "LATE NEVER"
 exit 1
 `
 
+// revokeScript holds a raw TCP connection to the echo port of allowed.test
+// and one to other.test, and pings both every 100 ms; it reports when
+// either ends, and stops when told (the file "stop" appears) or after 20 s.
+const revokeScript = `import os, socket, sys, time
+conns = {h: socket.create_connection((h, 7000), timeout=5) for h in ("allowed.test", "other.test")}
+print("OPEN", flush=True)
+ended = {}
+end = time.time() + 20
+while time.time() < end and not os.path.exists("stop"):
+    for h, c in conns.items():
+        if h in ended:
+            continue
+        try:
+            c.sendall(b"ping\n")
+            if not c.recv(64):
+                raise OSError("closed by peer")
+        except OSError as e:
+            ended[h] = time.time()
+            print("ENDED", h, type(e).__name__, flush=True)
+    time.sleep(0.1)
+print("ALIVE", " ".join(sorted(h for h in conns if h not in ended)), flush=True)
+`
+
 // tunnelsScript opens N connections at once (non-blocking) through the
 // transparent capture to the echo servers of the named hosts, has each
 // echo a line, keeps them all open until the test has looked at the
@@ -758,7 +781,7 @@ func TestNetwork(t *testing.T) {
 	t.Run("policy-check", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
-		for i, ips := range []string{"127.0.0.0/8", "169.254.169.254", "169.254.169.254/32", "127.0.0.1"} {
+		for i, ips := range []string{"127.0.0.0/8", "169.254.169.254", "169.254.169.254/32", "127.0.0.1", "198.18.1.1", "64:ff9b::a9fe:a9fe"} {
 			p := filepath.Join(dir, fmt.Sprintf("p%d.yaml", i))
 			pol := basePolicy(fmt.Sprintf("network_policies:\n  bad:\n    endpoints:\n      - host: allowed.test\n        port: 80\n        allowed_ips: [%q]\n", ips))
 			if err := os.WriteFile(p, []byte(pol), 0o644); err != nil {
@@ -1106,6 +1129,46 @@ func TestNetwork(t *testing.T) {
 					if s.Path == P+"/literal-other" {
 						t.Errorf("a denied request reached the lab: %+v", s)
 					}
+				}
+			})
+
+			t.Run("revoke", func(t *testing.T) {
+				t.Parallel()
+				fx := newNetFixture(t)
+				writeOwned(t, m, filepath.Join(fx.W, "revoke.py"), []byte(revokeScript), 0o644)
+				both := `network_policies:
+  echo:
+    endpoints:
+      - {host: allowed.test, port: 7000}
+      - {host: other.test, port: 7000}
+`
+				p := startCorral(t, fx, runOpts{args: []string{"/usr/bin/python3", filepath.Join(fx.W, "revoke.py")}, policy: basePolicy(both), flags: env(fx)})
+				waitOut(t, p, "OPEN", 10*time.Second)
+				id := ""
+				for _, e := range readEvents(t, p.audit) {
+					if e["event"] == "sandbox.start" {
+						id = fmt.Sprint(e["sandbox_id"])
+					}
+				}
+				// The new policy keeps other.test only.
+				next := fx.writePolicy(t, "version: 1\nnetwork_policies:\n  echo:\n    endpoints:\n      - {host: other.test, port: 7000}\n")
+				reloaded := time.Now()
+				if code, out := corralCLI(t, m, "policy", "set", "--state-dir", fx.state, "--sandbox", id, next); code != 0 {
+					t.Fatalf("policy set failed (exit %d):\n%s", code, out)
+				}
+				waitOut(t, p, "ENDED allowed.test", 5*time.Second)
+				if took := time.Since(reloaded); took > 2*time.Second {
+					t.Errorf("the revoked tunnel ended %v after the reload", took)
+				}
+				time.Sleep(500 * time.Millisecond)
+				fx.signal(t, "stop")
+				r := p.wait()
+				if !strings.Contains(r.stdout, "ALIVE other.test") {
+					t.Errorf("the tunnel the new policy still allows did not survive the reload\n%s", r)
+				}
+				r.requireEvent(t, "net.connect.revoked", map[string]any{"host": "allowed.test", "port": 7000, "via": "transparent", "reason": "no_matching_policy"})
+				if len(r.find("net.connect.revoked")) != 1 {
+					t.Errorf("want exactly one net.connect.revoked event\n%s", r)
 				}
 			})
 

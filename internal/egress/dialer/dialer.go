@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/netclass"
 )
 
 // DefaultTimeout bounds each connection attempt made by a Dialer from New.
@@ -69,7 +70,7 @@ func New(upstreamDNS string) *Dialer {
 
 // Dial connects to r's destination. Every candidate address is classified;
 // an internal one survives only when a prefix in allowed contains it, and
-// never when its class is NeverAllowed. Survivors are tried in resolver
+// never when netclass.NeverAllowed says so. Survivors are tried in resolver
 // order. A refusal is a *egress.DenyError.
 func (d *Dialer) Dial(ctx context.Context, r egress.Request, allowed []netip.Prefix) (net.Conn, error) {
 	cands, err := d.candidates(ctx, r)
@@ -255,18 +256,18 @@ func interfaceAddrs() ([]netip.Addr, error) {
 // IPv4 address it leads to, since allowing one says nothing about the
 // other.
 func check(ip netip.Addr, allowed []netip.Prefix) string {
-	class, internal := Classify(ip)
+	class, internal := netclass.Classify(ip)
 	if !internal {
 		return ""
 	}
-	if neverAllowed[class] {
+	if netclass.NeverAllowed(class) {
 		return fmt.Sprintf("%s (%s, never allowed)", ip, class)
 	}
 	if !covered(ip, allowed) {
 		return fmt.Sprintf("%s (%s)", ip, class)
 	}
-	if v4, ok := embeddedIPv4(ip); ok {
-		if _, inner := Classify(v4); inner && !covered(v4, allowed) {
+	if v4, ok := netclass.EmbeddedIPv4(ip); ok {
+		if _, inner := netclass.Classify(v4); inner && !covered(v4, allowed) {
 			return fmt.Sprintf("%s (%s)", ip, class)
 		}
 	}

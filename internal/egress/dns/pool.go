@@ -7,11 +7,6 @@ import (
 	"sync"
 )
 
-// DefaultPrefix is the synthetic range: RFC 2544 benchmarking space, which
-// no real destination uses, so a connection to it can only mean "the name
-// our resolver handed out".
-var DefaultPrefix = netip.MustParsePrefix("198.18.0.0/15")
-
 // Pool hands out one synthetic IPv4 address per name and remembers the
 // mapping for the sandbox's whole life. Addresses are never reused: a
 // long-lived connection or a client's DNS cache may still hold an old
@@ -28,9 +23,11 @@ type Pool struct {
 	next   netip.Addr // next candidate; invalid once the prefix is used up
 }
 
-// NewPool returns an empty pool over prefix, which must be IPv4. A wrong
-// prefix is a programming error, hence the panic rather than an error
-// every caller would have to plumb for a constant.
+// NewPool returns an empty pool over prefix, which must be IPv4; a sandbox
+// uses netclass.SyntheticPrefix, which no real destination uses, so a
+// connection to one of its addresses can only mean "the name our resolver
+// handed out". A wrong prefix is a programming error, hence the panic
+// rather than an error every caller would have to plumb for a constant.
 func NewPool(prefix netip.Prefix) *Pool {
 	if !prefix.IsValid() || !prefix.Addr().Is4() {
 		panic(fmt.Sprintf("dns: synthetic pool needs an IPv4 prefix, got %v", prefix))

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/corral-sandbox/corral/internal/netclass"
 )
 
 func TestPoolSkipsSpecialAddressesAndIsBounded(t *testing.T) {
-	p := NewPool(DefaultPrefix)
+	p := NewPool(netclass.SyntheticPrefix)
 	seen := make(map[netip.Addr]bool)
 	n := 0
 	for {
@@ -19,7 +21,7 @@ func TestPoolSkipsSpecialAddressesAndIsBounded(t *testing.T) {
 			t.Fatalf("%v handed out twice", a)
 		}
 		seen[a] = true
-		if !DefaultPrefix.Contains(a) {
+		if !netclass.SyntheticPrefix.Contains(a) {
 			t.Fatalf("%v outside the prefix", a)
 		}
 		if b := a.As4(); b[3] == 0 || b[3] == 255 {
@@ -27,8 +29,8 @@ func TestPoolSkipsSpecialAddressesAndIsBounded(t *testing.T) {
 		}
 		n++
 	}
-	// 512 /24s in a /15, 254 usable addresses each.
-	if want := 512 * 254; n != want {
+	// 256 /24s in a /16, 254 usable addresses each.
+	if want := 256 * 254; n != want {
 		t.Fatalf("pool gave %d addresses, want %d", n, want)
 	}
 	// Exhaustion never evicts: old names keep their address.
@@ -41,7 +43,7 @@ func TestPoolSkipsSpecialAddressesAndIsBounded(t *testing.T) {
 }
 
 func TestPoolLookup(t *testing.T) {
-	p := NewPool(DefaultPrefix)
+	p := NewPool(netclass.SyntheticPrefix)
 	a, ok := p.Addr("API.example.com.")
 	if !ok {
 		t.Fatal("no address")

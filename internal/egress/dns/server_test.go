@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/netclass"
 )
 
 // fakeDecider allows example.com and its subdomains and records every name
@@ -166,12 +167,12 @@ func aRecord(t *testing.T, r *mdns.Msg) netip.Addr {
 }
 
 func TestAllowedNameGetsSyntheticA(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	transports(t, func(t *testing.T, network string) {
 		r := exchange(t, network, h.addr(network), "API.Example.COM.", mdns.TypeA)
 		ip := aRecord(t, r)
-		if !DefaultPrefix.Contains(ip) {
-			t.Fatalf("address %v outside %v", ip, DefaultPrefix)
+		if !netclass.SyntheticPrefix.Contains(ip) {
+			t.Fatalf("address %v outside %v", ip, netclass.SyntheticPrefix)
 		}
 		// Echoing the client's spelling keeps 0x20-randomising stubs happy.
 		if got := r.Answer[0].Header().Name; got != "API.Example.COM." {
@@ -187,7 +188,7 @@ func TestAllowedNameGetsSyntheticA(t *testing.T) {
 }
 
 func TestStableAddresses(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	first := aRecord(t, exchange(t, "udp", h.udp, "a.example.com.", mdns.TypeA))
 	other := aRecord(t, exchange(t, "udp", h.udp, "b.example.com.", mdns.TypeA))
 	if first == other {
@@ -206,7 +207,7 @@ func TestStableAddresses(t *testing.T) {
 }
 
 func TestAAAAAndOtherTypesAreEmpty(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	transports(t, func(t *testing.T, network string) {
 		for _, qt := range []uint16{mdns.TypeAAAA, mdns.TypeTXT, mdns.TypeMX, mdns.TypeHTTPS, mdns.TypeSVCB, mdns.TypeCNAME, mdns.TypeANY, mdns.TypeNS} {
 			r := exchange(t, network, h.addr(network), "api.example.com.", qt)
@@ -221,7 +222,7 @@ func TestAAAAAndOtherTypesAreEmpty(t *testing.T) {
 }
 
 func TestDeniedNameIsNXDOMAINAndAudited(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	transports(t, func(t *testing.T, network string) {
 		for _, qt := range []uint16{mdns.TypeA, mdns.TypeAAAA, mdns.TypeTXT} {
 			r := exchange(t, network, h.addr(network), "Secret-Data.EVIL.test.", qt)
@@ -257,7 +258,7 @@ func TestDeniedNameIsNXDOMAINAndAudited(t *testing.T) {
 }
 
 func TestOddlySpelledNamesAreRefusedBeforePolicy(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	for _, name := range []string{`a\.b.example.com.`, `a\032b.example.com.`, `a\000.example.com.`, "."} {
 		r := exchange(t, "udp", h.udp, name, mdns.TypeA)
 		if r.Rcode != mdns.RcodeNameError {
@@ -270,7 +271,7 @@ func TestOddlySpelledNamesAreRefusedBeforePolicy(t *testing.T) {
 }
 
 func TestPTRForSyntheticAddresses(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	ip := aRecord(t, exchange(t, "udp", h.udp, "db.example.com.", mdns.TypeA))
 	rev, err := mdns.ReverseAddr(ip.String())
 	if err != nil {
@@ -284,7 +285,7 @@ func TestPTRForSyntheticAddresses(t *testing.T) {
 		if p, ok := r.Answer[0].(*mdns.PTR); !ok || p.Ptr != "db.example.com." {
 			t.Errorf("PTR answer %v", r.Answer[0])
 		}
-		unknown, _ := mdns.ReverseAddr("198.19.200.7")
+		unknown, _ := mdns.ReverseAddr("198.18.200.7")
 		if r := exchange(t, network, h.addr(network), unknown, mdns.TypePTR); r.Rcode != mdns.RcodeNameError {
 			t.Errorf("unallocated synthetic address: want NXDOMAIN, got %s", r)
 		}
@@ -317,7 +318,7 @@ func TestPoolExhaustionIsSERVFAIL(t *testing.T) {
 }
 
 func TestTCPPipelinedQueries(t *testing.T) {
-	h := start(t, DefaultPrefix)
+	h := start(t, netclass.SyntheticPrefix)
 	c, err := mdns.Dial("tcp", h.tcp)
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +341,7 @@ func TestTCPPipelinedQueries(t *testing.T) {
 }
 
 func TestServeTCPClosesIdleClientsOnShutdown(t *testing.T) {
-	srv, _, _ := newServer(t, DefaultPrefix)
+	srv, _, _ := newServer(t, netclass.SyntheticPrefix)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -379,7 +380,7 @@ func TestServeTCPClosesIdleClientsOnShutdown(t *testing.T) {
 }
 
 func TestMalformedQueries(t *testing.T) {
-	srv, d, _ := newServer(t, DefaultPrefix)
+	srv, d, _ := newServer(t, netclass.SyntheticPrefix)
 	src := netip.MustParseAddrPort("127.0.0.1:5353")
 
 	query := func(mut func(m *mdns.Msg)) []byte {
@@ -473,7 +474,7 @@ func TestMalformedQueries(t *testing.T) {
 		}
 	})
 	t.Run("udp reply to garbage over a socket", func(t *testing.T) {
-		h := start(t, DefaultPrefix)
+		h := start(t, netclass.SyntheticPrefix)
 		c, err := net.Dial("udp", h.udp)
 		if err != nil {
 			t.Fatal(err)
@@ -500,7 +501,7 @@ func TestMalformedQueries(t *testing.T) {
 }
 
 func TestDeniedEventsAreRateLimitedPerName(t *testing.T) {
-	srv, _, buf := newServer(t, DefaultPrefix)
+	srv, _, buf := newServer(t, netclass.SyntheticPrefix)
 	src := netip.MustParseAddrPort("127.0.0.1:5353")
 	m := new(mdns.Msg)
 	m.SetQuestion("flood.evil.test.", mdns.TypeA)

@@ -33,15 +33,22 @@ type handler struct {
 	active tracker
 }
 
-// secrets is the masked secrets' Set in force (scopes reload with the
-// policy).
-func (h *handler) secrets() *secrets.Set { return h.in.Secrets.Load() }
+// secretsFor is the masked secrets' Set a request was decided with, which
+// its rewrite and scrubbing use whatever reload happens meanwhile; outside
+// a request, the Set in force.
+func (h *handler) secretsFor(ctx context.Context) *secrets.Set {
+	if ex, ok := ctx.Value(exchangeKey{}).(*exchange); ok {
+		return ex.secrets
+	}
+	return h.in.Secrets.Load()
+}
 
 // exchange is what one request carries from the decision to the rewrite
 // and the event.
 type exchange struct {
-	path   reqpath.Path
-	masked int
+	path    reqpath.Path
+	secrets *secrets.Set
+	masked  int
 	// status is the upstream's final status (101 for an upgrade).
 	status int
 }
@@ -68,13 +75,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body := &countingBody{ReadCloser: req.Body}
 	req.Body = body
 
-	hr, path, d := h.decide(req)
+	var (
+		hr egress.HTTPRequest
+		d  egress.HTTPDecision
+		ex = &exchange{}
+	)
+	ex.secrets = h.in.Secrets.Consistent(func() { hr, ex.path, d = h.decide(req) })
 	outcome := decisionAllow
-	ex := &exchange{path: path}
 	switch {
 	case !d.Allow && !d.Audit:
 		outcome = decisionDeny
-		h.deny(rw, req, hr, d)
+		h.deny(rw, req, hr, d, ex.secrets)
 	default:
 		if !d.Allow {
 			outcome = decisionAudit
@@ -84,7 +95,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if ex.status == 0 {
 		ex.status = rw.status()
 	}
-	h.report(req, hr, d, outcome, ex.status, rw, body.n.Load(), ex.masked, time.Since(start))
+	h.report(req, hr, d, outcome, ex.status, rw, body.n.Load(), ex, time.Since(start))
 }
 
 // decide checks the request against the connection's host, normalises
@@ -151,9 +162,9 @@ func (h *handler) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Host = r.Host
 	}
 	if h.scheme == "https" && r.Host != "" {
-		ex.masked = h.secrets().Swap(r.Host, pr.Out.Header)
+		ex.masked = ex.secrets.Swap(r.Host, pr.Out.Header)
 	}
-	if h.secrets().Scoped(r.Host) {
+	if ex.secrets.Scoped(r.Host) {
 		// Compressed responses and WebSocket frames would hide an echoed
 		// real value from the scrubbing of responses. A server may
 		// compress anyway; scrubResponse decodes what it can.
@@ -168,7 +179,7 @@ func (h *handler) response(resp *http.Response) error {
 	if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*exchange); ok {
 		ex.status = resp.StatusCode
 	}
-	if !h.secrets().Scoped(h.t.Request.Host) {
+	if !h.secretsFor(resp.Request.Context()).Scoped(h.t.Request.Host) {
 		return nil
 	}
 	if err := h.scrubResponse(resp); err != nil {
@@ -195,15 +206,15 @@ type denyBody struct {
 	NextSteps string `json:"next_steps"`
 }
 
-func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision) {
+func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, set *secrets.Set) {
 	r := h.t.Request
 	host := r.Host
 	if host == "" {
 		host = r.IP.String()
 	}
 	b := denyBody{
-		Error: "request denied by corral policy", Reason: d.Reason, Detail: h.secrets().Redact(d.Detail),
-		Policy: d.Policy, Rule: d.Rule, Method: req.Method, Host: host, Path: h.secrets().Redact(hr.Path),
+		Error: "request denied by corral policy", Reason: d.Reason, Detail: set.Redact(d.Detail),
+		Policy: d.Policy, Rule: d.Rule, Method: req.Method, Host: host, Path: set.Redact(hr.Path),
 		Binary: r.Identity.Binary,
 	}
 	switch d.Reason {
@@ -243,7 +254,7 @@ func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err er
 		js, _ := json.Marshal(map[string]string{
 			"error":      "corral withheld the upstream's response: it could not be checked for masked secrets",
 			"reason":     reasonUnscrubbable,
-			"detail":     h.secrets().Redact(err.Error()),
+			"detail":     h.secretsFor(req.Context()).Redact(err.Error()),
 			"next_steps": "this host receives a masked secret, so corral passes on only responses it can scrub of the real value: bodies uncompressed or in gzip or deflate, WebSockets without extensions; this is not a policy refusal",
 		})
 		w.Header().Set("Content-Type", "application/json")
@@ -255,7 +266,7 @@ func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err er
 	js, _ := json.Marshal(map[string]string{
 		"error":      "corral allowed the request but the upstream did not answer it",
 		"reason":     egress.ReasonUpstream,
-		"detail":     h.secrets().Redact(err.Error()),
+		"detail":     h.secretsFor(req.Context()).Redact(err.Error()),
 		"next_steps": "check that " + h.t.Request.Target() + " is reachable from the host and presents a certificate the host trusts; this is not a policy refusal",
 	})
 	w.Header().Set("Content-Type", "application/json")
@@ -265,10 +276,11 @@ func (h *handler) upstreamError(w http.ResponseWriter, req *http.Request, err er
 
 // report writes the one event of a request. Paths and queries go through
 // Redact: a real secret must not reach a log even if a client echoes one.
-func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, outcome string, status int, w *countingWriter, in int64, masked int, took time.Duration) {
+func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, outcome string, status int, w *countingWriter, in int64, ex *exchange, took time.Duration) {
 	if h.in.Audit == nil {
 		return
 	}
+	set := ex.secrets
 	r := h.t.Request
 	host := r.Host
 	if host == "" {
@@ -276,20 +288,20 @@ func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTP
 	}
 	kv := []any{
 		"via", r.Via, "host", host, "port", r.Port, "scheme", h.scheme, "proto", req.Proto,
-		"method", req.Method, "path", h.secrets().Redact(hr.Path), "query", h.secrets().Redact(req.URL.RawQuery),
+		"method", req.Method, "path", set.Redact(hr.Path), "query", set.Redact(req.URL.RawQuery),
 		"decision", outcome, "policy", d.Policy, "rule", d.Rule,
 		"status", status, "bytes", in + w.n.Load(), "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
-		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", masked,
+		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", ex.masked,
 	}
 	if outcome != decisionAllow {
-		kv = append(kv, "reason", d.Reason, "detail", h.secrets().Redact(d.Detail))
+		kv = append(kv, "reason", d.Reason, "detail", set.Redact(d.Detail))
 	}
 	if outcome == decisionAudit {
 		kv = append(kv, "would_deny", true)
 	}
 	h.in.Audit.Emit(audit.HTTPRequest, kv...)
 	if outcome == decisionDeny {
-		h.in.log().Warn("http request denied", "target", r.Target(), "method", req.Method, "path", h.secrets().Redact(hr.Path), "reason", d.Reason)
+		h.in.log().Warn("http request denied", "target", r.Target(), "method", req.Method, "path", set.Redact(hr.Path), "reason", d.Reason)
 	}
 }
 

@@ -1016,3 +1016,101 @@ func TestUnterminatedTLSStillChecksSNI(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadNeverMixesVersions: while the policy flips between two
+// versions under many concurrent requests, every request is decided and
+// has its secret swapped under one version. Version 1 allows /v1 and
+// scopes the secret to this host; version 2 allows /v2 and scopes it
+// elsewhere. A /v1 request that arrives with the surrogate, or a /v2
+// request with the real value, was decided under one and rewritten under
+// the other.
+func TestReloadNeverMixesVersions(t *testing.T) {
+	real := "ghp_" + strings.Repeat("xY7", 12)
+	spec := func(host string) map[string]policy.Secret {
+		return map[string]policy.Secret{"GH_TOKEN": {FromEnv: "REAL_GH_TOKEN", Hosts: []string{host}, Headers: []string{"Authorization"}}}
+	}
+	set, err := secrets.Load(spec(apiHost), func(k string) string {
+		if k == "REAL_GH_TOKEN" {
+			return real
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	surrogate := strings.TrimPrefix(set.Env()[0], "GH_TOKEN=")
+	version := func(path, scopedTo string) (*policy.Policy, *secrets.Set) {
+		p := restPolicy(rest(apiHost, 443, func(ep *policy.Endpoint) {
+			ep.Rules = []policy.L7Rule{{Allow: policy.L7Match{Method: "GET", Path: path}}}
+		}))
+		p.Secrets = spec(scopedTo)
+		s, err := set.Rescope(p.Secrets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, s
+	}
+	p1, s1 := version("/v1", apiHost)
+	p2, s2 := version("/v2", otherHost)
+
+	up := newUpstream(t)
+	h := newHarness(t, up, config{policy: p1, secrets: s1})
+	engine := h.in.Decider.(*decide.Engine)
+	stop := make(chan struct{})
+	var flips sync.WaitGroup
+	flips.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p, s := p1, s1
+			if i%2 == 1 {
+				p, s = p2, s2
+			}
+			if err := h.in.Secrets.Reload(func() error { return engine.Swap(p) }, s); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	var clients sync.WaitGroup
+	for w := range 8 {
+		clients.Go(func() {
+			c := h.client(w%2 == 0)
+			for i := range 300 {
+				path := []string{"/v1", "/v2"}[(w+i)%2]
+				req, _ := http.NewRequest("GET", h.url(path), nil)
+				req.Header.Set("Authorization", "Bearer "+surrogate)
+				if resp, err := c.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+	clients.Wait()
+	close(stop)
+	flips.Wait()
+
+	n := 0
+	for _, s := range up.seen() {
+		got := s.Header.Get("Authorization")
+		switch s.Path {
+		case "/v1":
+			n++
+			if got != "Bearer "+real {
+				t.Errorf("a /v1 request, allowed only by version 1, reached the upstream without the secret version 1 swaps in")
+			}
+		case "/v2":
+			n++
+			if got != "Bearer "+surrogate {
+				t.Errorf("a /v2 request, allowed only by version 2, reached the upstream with the real value, which version 2 keeps from this host")
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no request got through while the policy flipped")
+	}
+}

@@ -28,7 +28,7 @@ func (u unscrubbable) Unwrap() error { return u.error }
 // reaches the workload: headers scrubbed, a content coding undone so the
 // body can be, a WebSocket's frames scrubbed as they arrive.
 func (h *handler) scrubResponse(resp *http.Response) error {
-	set := h.secrets()
+	set := h.secretsFor(resp.Request.Context())
 	set.ScrubHeader(resp.Header)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The request offered no extension (rewrite removed them), so
@@ -85,8 +85,7 @@ type scrubTransport struct {
 }
 
 func (t scrubTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.h.secrets().Scoped(t.h.t.Request.Host) {
-		set := t.h.secrets()
+	if set := t.h.secretsFor(req.Context()); set.Scoped(t.h.t.Request.Host) {
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 			Got1xxResponse: func(_ int, hdr textproto.MIMEHeader) error {
 				set.ScrubHeader(http.Header(hdr))

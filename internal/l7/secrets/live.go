@@ -2,6 +2,7 @@ package secrets
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/corral-sandbox/corral/internal/hostpattern"
@@ -14,6 +15,9 @@ import (
 // environment.
 type Live struct {
 	cur atomic.Pointer[Set]
+	// mu keeps a reload from landing between a request's decision and
+	// the loading of the Set its secrets are swapped and scrubbed with.
+	mu sync.RWMutex
 }
 
 // NewLive starts with s, which may be nil (no secrets).
@@ -36,6 +40,36 @@ func (l *Live) Store(s *Set) {
 	if l != nil {
 		l.cur.Store(s)
 	}
+}
+
+// Consistent runs decide, during which no Reload lands, and returns the Set
+// in force meanwhile: a request decided under one policy has its secrets
+// swapped and scrubbed under that same policy.
+func (l *Live) Consistent(decide func()) *Set {
+	if l == nil {
+		decide()
+		return nil
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	decide()
+	return l.cur.Load()
+}
+
+// Reload runs swap (the decision engine's) and, when it succeeds, puts s in
+// force, with no request deciding in between; when it fails, nothing
+// changes.
+func (l *Live) Reload(swap func() error, s *Set) error {
+	if l == nil {
+		return swap()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := swap(); err != nil {
+		return err
+	}
+	l.cur.Store(s)
+	return nil
 }
 
 // Rescope returns a Set with the values and surrogates of s and the hosts

@@ -1,10 +1,10 @@
 //go:build linux
 
-// Package capture builds the sandbox side of proxy-mode networking
-// (ARCHITECTURE §4): inside the sandbox's own network namespace it adds a
-// capture link, routes everything to it, installs nftables rules that send
-// DNS and TCP to corral's listeners and drop the rest, and creates those
-// listeners as sockets of this namespace. The sandbox's init runs Setup (as
+// Package capture builds the sandbox side of proxy-mode networking: inside
+// the sandbox's own network namespace it adds a capture link, routes
+// everything to it, installs nftables rules that send DNS and TCP to
+// corral's listeners and drop the rest, and creates those listeners as
+// sockets of this namespace. The sandbox's init runs Setup (as
 // root of its namespaces, before dropping privileges) and hands the sockets
 // to the supervisor, which serves them from the host namespaces.
 //
@@ -22,6 +22,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/netclass"
 )
 
 // Config holds the ports of the listeners.
@@ -35,7 +37,7 @@ var DefaultConfig = Config{DNSPort: 53, TransparentPort: 15001, HTTPProxyPort: 3
 // Addr is the capture address the sandbox sees: the resolv.conf nameserver
 // and the host part of the proxy variables. It is the only IPv4 address in
 // the namespace besides loopback.
-var Addr = netip.AddrFrom4([4]byte{198, 19, 255, 254})
+var Addr = netclass.CaptureAddr
 
 // Addr6 is given to the capture link only so that IPv6 connect() has a
 // source address and a route; nothing listens on it.

@@ -110,7 +110,11 @@ func concat(parts ...[]expr.Any) []expr.Any {
 	return out
 }
 
-// ruleSet is the capture policy of ARCHITECTURE §4, in order.
+// ruleSet is the capture policy, in order: loopback stays loopback, the
+// explicit proxies are reached on the capture address as they are, DNS to
+// any address goes to corral's resolver, all other TCP goes to the
+// transparent listener, and the output filter drops whatever was not
+// redirected.
 func ruleSet(cfg Config) []rule {
 	const (
 		v4, v6   = unix.NFPROTO_IPV4, unix.NFPROTO_IPV6

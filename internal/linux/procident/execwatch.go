@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +26,7 @@ const (
 	cnIdxProc         = 1
 	cnValProc         = 1
 	procCnMcastListen = 1
+	procEventNone     = 0x00000000
 	procEventFork     = 0x00000001
 	procEventExec     = 0x00000002
 	procEventExit     = 0x80000000
@@ -59,6 +62,9 @@ type ExecWatch struct {
 	done chan struct{}
 	// Lost is called once when events were first lost.
 	Lost func()
+	// ackSeq and acked carry the kernel's answer to the subscription.
+	ackSeq uint32
+	acked  chan uint32
 }
 
 // WatchExecs subscribes to the proc connector. Before Linux 6.6 it fails
@@ -73,11 +79,16 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("bind proc connector: %w", err)
 	}
+	// The request's ack number tells its acknowledgement (which carries
+	// it plus one) from those of other listeners, which the group
+	// receives too.
+	seq := uint32(os.Getpid())
 	msg := make([]byte, 16+20+4)
 	binary.NativeEndian.PutUint32(msg[0:], uint32(len(msg)))
 	binary.NativeEndian.PutUint16(msg[4:], unix.NLMSG_DONE)
 	binary.NativeEndian.PutUint32(msg[16:], cnIdxProc)
 	binary.NativeEndian.PutUint32(msg[20:], cnValProc)
+	binary.NativeEndian.PutUint32(msg[28:], seq)
 	binary.NativeEndian.PutUint16(msg[32:], 4)
 	binary.NativeEndian.PutUint32(msg[36:], procCnMcastListen)
 	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
@@ -85,9 +96,33 @@ func WatchExecs() (*ExecWatch, error) {
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
 	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32][]string{},
-		done: make(chan struct{})}
-	go w.follow()
-	return w, nil
+		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
+	// A kernel that refuses the request (before 6.6, without
+	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
+	// when nobody else listens; a granted one is acknowledged at once.
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(250 * time.Millisecond); ; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			unix.Close(fd)
+			return nil, errors.New("listen to proc connector: no acknowledgement from the kernel")
+		}
+		if _, err := unix.Poll(fds, int(left.Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			unix.Close(fd)
+			return nil, fmt.Errorf("listen to proc connector: %w", err)
+		}
+		w.drain()
+		select {
+		case code := <-w.acked:
+			if code != 0 {
+				unix.Close(fd)
+				return nil, fmt.Errorf("listen to proc connector: %w", unix.Errno(code))
+			}
+			go w.follow()
+			return w, nil
+		default:
+		}
+	}
 }
 
 // follow keeps the queue short between connections, so a quiet sandbox on
@@ -159,6 +194,14 @@ func (w *ExecWatch) event(m []byte) {
 	d := m[eventData:]
 	u32 := func(i int) int32 { return int32(binary.NativeEndian.Uint32(d[4*i:])) }
 	switch what {
+	case procEventNone:
+		// An acknowledgement: its cn_msg ack answers the request's.
+		if len(d) >= 4 && binary.NativeEndian.Uint32(m[28:]) == w.ackSeq {
+			select {
+			case w.acked <- uint32(u32(0)):
+			default:
+			}
+		}
 	case procEventFork:
 		if len(d) < 16 {
 			return

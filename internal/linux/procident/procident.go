@@ -1,10 +1,11 @@
 //go:build linux
 
-// Package procident answers "who is asking" (ARCHITECTURE §4) for the
-// supervisor: given a connection accepted on one of the sandbox's capture
-// listeners, it finds the sandbox process that owns the client socket, its
-// executable, its ancestors up to the sandbox init and the script paths in
-// its command line, and checks each file's SHA-256 trust-on-first-use.
+// Package procident answers "who is asking" for the supervisor, so that a
+// network policy can name the binaries allowed to reach a host: given a
+// connection accepted on one of the sandbox's capture listeners, it finds
+// the sandbox process that owns the client socket, its executable, its
+// ancestors up to the sandbox init and the script paths in its command
+// line, and checks each file's SHA-256 trust-on-first-use.
 //
 // The supervisor runs in the host namespaces, so everything goes through
 // host /proc: /proc/<init>/net/tcp{,6} is the sandbox namespace's socket

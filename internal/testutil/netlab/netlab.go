@@ -1,8 +1,8 @@
 // Package netlab is a fake internet for end-to-end tests.
 //
-// Tests must never send a packet off this machine (see TESTING.md, "The
-// network in tests"), so the upstream servers a sandbox talks to live in a
-// network namespace the test creates. It is joined to the host namespace by a
+// Tests must never send a packet off this machine: CI has no internet, and a
+// test that reached a real host would test that host. So the upstream
+// servers a sandbox talks to live in a network namespace the test creates. It is joined to the host namespace by a
 // veth pair and uses only documentation addresses: 198.51.100.0/24
 // (TEST-NET-2) on the veth link and 203.0.113.0/24 (TEST-NET-3) for the
 // servers. Inside it run an authoritative DNS server and, on every Host

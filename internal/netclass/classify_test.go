@@ -1,4 +1,4 @@
-package dialer
+package netclass
 
 import (
 	"net/netip"
@@ -8,7 +8,7 @@ import (
 func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		ip       string
-		class    string
+		class    Class
 		internal bool
 	}{
 		// IPv4
@@ -98,12 +98,12 @@ func TestClassify(t *testing.T) {
 }
 
 func TestNeverAllowed(t *testing.T) {
-	for _, c := range []string{ClassLoopback, ClassLinkLocal, ClassMetadata, ClassUnspecified, ClassBenchmark} {
+	for _, c := range []Class{ClassLoopback, ClassLinkLocal, ClassMetadata, ClassUnspecified, ClassBenchmark} {
 		if !NeverAllowed(c) {
 			t.Errorf("%s may be allowed", c)
 		}
 	}
-	for _, c := range []string{ClassPrivate, ClassCGNAT, ClassULA, ClassPublic} {
+	for _, c := range []Class{ClassPrivate, ClassCGNAT, ClassULA, ClassPublic} {
 		if NeverAllowed(c) {
 			t.Errorf("%s can never be allowed", c)
 		}
