@@ -203,9 +203,9 @@ func (l *Logger) For(sandboxID, session string) *Logger {
 	return &Logger{s: l.s, base: base}
 }
 
-// Emit writes one event with alternating key/value fields. It never blocks
+// emit writes one event with alternating key/value fields. It never blocks
 // on the sink for events a workload can cause; after Close it does nothing.
-func (l *Logger) Emit(event string, kv ...any) {
+func (l *Logger) emit(event string, kv ...any) {
 	s := l.s
 	now := s.cfg.now()
 	attrs := s.cfg.attrs(l.base, kv)

@@ -99,7 +99,7 @@ func testLogger(w *syncBuf, async bool, tune func(*config)) (*Logger, *clock) {
 }
 
 func denied(l *Logger, host string, port int, path string) {
-	l.Emit(HTTPRequest, "via", "transparent", "host", host, "port", port, "method", "GET", "path", path,
+	l.emit(HTTPRequest, "via", "transparent", "host", host, "port", port, "method", "GET", "path", path,
 		"decision", "deny", "rule", "", "reason", "l7_no_matching_rule", "status", 403)
 }
 
@@ -107,9 +107,9 @@ func TestTruncate(t *testing.T) {
 	var buf syncBuf
 	l, _ := testLogger(&buf, false, nil)
 	long := "/" + strings.Repeat("a", 60<<10)
-	l.Emit(HTTPRequest, "path", long, "short", "ok", "err", errors.New(strings.Repeat("e", 2000)),
+	l.emit(HTTPRequest, "path", long, "short", "ok", "err", errors.New(strings.Repeat("e", 2000)),
 		"paths", []string{long, "x"}, "many", make([]string, 100), "n", 7)
-	l.Emit(SandboxExit, "detail", strings.Repeat("é", 1000)) // 2000 bytes, 2-byte runes
+	l.emit(SandboxExit, "detail", strings.Repeat("é", 1000)) // 2000 bytes, 2-byte runes
 	l.Close()
 	evs := parse(t, buf.String())
 	if len(evs) != 2 {
@@ -203,7 +203,7 @@ func TestRateLimitEventBudget(t *testing.T) {
 	l, _ := testLogger(&buf, false, func(c *config) { c.maxKeys = 16 })
 	const n = 5000
 	for i := range n {
-		l.Emit(NetConnectDenied, "via", "transparent", "host", "", "ip", "203.0.113.9", "port", 1000+i%1000,
+		l.emit(NetConnectDenied, "via", "transparent", "host", "", "ip", "203.0.113.9", "port", 1000+i%1000,
 			"binary", "/usr/bin/curl", "reason", "no_matching_policy", "pid", i)
 	}
 	l.Close()
@@ -234,7 +234,7 @@ func TestSuppressedReportsBounded(t *testing.T) {
 	})
 	for range 2 {
 		for p := range 10 {
-			l.Emit(NetConnectDenied, "ip", "203.0.113.9", "port", p, "reason", "no_matching_policy")
+			l.emit(NetConnectDenied, "ip", "203.0.113.9", "port", p, "reason", "no_matching_policy")
 		}
 	}
 	l.Close()
@@ -256,7 +256,7 @@ func TestDNSKeyedByZone(t *testing.T) {
 	var buf syncBuf
 	l, _ := testLogger(&buf, false, nil)
 	for i := range 100 {
-		l.Emit(NetDNSDenied, "name", fmt.Sprintf("x%d.Exfil.test.", i), "reason", "no_matching_policy")
+		l.emit(NetDNSDenied, "name", fmt.Sprintf("x%d.Exfil.test.", i), "reason", "no_matching_policy")
 	}
 	l.Close()
 	evs := parse(t, buf.String())
@@ -271,7 +271,7 @@ func TestLifecycleNeverSuppressed(t *testing.T) {
 	l, _ := testLogger(&buf, false, nil)
 	for _, ev := range []string{SandboxExit, PolicyReloaded, SandboxSetupError} {
 		for range 500 {
-			l.Emit(ev, "code", 1)
+			l.emit(ev, "code", 1)
 		}
 	}
 	l.Close()
@@ -307,7 +307,7 @@ func TestNonBlocking(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range n {
-			l.Emit(NetConnectAllowed, "ip", "203.0.113.9", "port", i)
+			l.emit(NetConnectAllowed, "ip", "203.0.113.9", "port", i)
 		}
 	}()
 	select {
@@ -317,7 +317,7 @@ func TestNonBlocking(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() {
-		l.Emit(SandboxExit, "code", 0)
+		l.emit(SandboxExit, "code", 0)
 		close(exited)
 	}()
 	time.Sleep(50 * time.Millisecond)
@@ -348,7 +348,7 @@ func (failing) Write([]byte) (int, error) { return 0, errors.New("no space left 
 func TestWriteErrorsDoNotCrash(t *testing.T) {
 	l := &Logger{s: newSink(failing{}, nil, defaults(), true)}
 	for range 100 {
-		l.Emit(SandboxExit, "code", 0)
+		l.emit(SandboxExit, "code", 0)
 		denied(l, "a.test", 80, "/")
 	}
 	if err := l.Close(); err != nil {
@@ -366,11 +366,11 @@ func TestCloseFlushes(t *testing.T) {
 	for i := range 100 {
 		denied(l, "a.test", 80, fmt.Sprint(i))
 	}
-	l.Emit(SandboxExit, "code", 0)
+	l.emit(SandboxExit, "code", 0)
 	if err := root.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l.Emit(SandboxExit, "code", 1) // after Close: ignored, no panic
+	l.emit(SandboxExit, "code", 1) // after Close: ignored, no panic
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +398,7 @@ func TestRotation(t *testing.T) {
 	}
 	const n = 500
 	for i := range n {
-		l.Emit(SandboxStaleSwept, "stale_sandbox_id", fmt.Sprintf("%05d", i), "pad", strings.Repeat("p", 100))
+		l.emit(SandboxStaleSwept, "stale_sandbox_id", fmt.Sprintf("%05d", i), "pad", strings.Repeat("p", 100))
 	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
@@ -430,7 +430,7 @@ func TestRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 100 {
-		l.Emit(SandboxExit, "code", 0, "pad", strings.Repeat("p", 100))
+		l.emit(SandboxExit, "code", 0, "pad", strings.Repeat("p", 100))
 	}
 	l.Close()
 	if names, _ := filepath.Glob(path + "*"); len(names) != 3 {
@@ -484,7 +484,7 @@ func BenchmarkEmit(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			i++
-			l.Emit(HTTPRequest, "host", "api.test", "port", 443, "method", "GET", "path", path, "decision", "allow", "status", i)
+			l.emit(HTTPRequest, "host", "api.test", "port", 443, "method", "GET", "path", path, "decision", "allow", "status", i)
 		}
 	})
 }

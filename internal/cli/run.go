@@ -20,8 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/internal/audit"
-	"github.com/corral-sandbox/corral/internal/egress/decide"
-	"github.com/corral-sandbox/corral/internal/l7/ca"
+	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -170,7 +169,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 
 	pol, err := loadPolicy(f.policy)
 	if err != nil {
-		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", f.policy)
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: f.policy})
 		return setupFailed(err)
 	}
 	for _, w := range pol.Warnings() {
@@ -181,7 +180,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	swept, err := sandbox.Sweep(state, host.Cgroups)
 	for _, old := range swept {
 		log.Warn("removed state left by a sandbox whose supervisor died", "sandbox", old)
-		aud.Emit(audit.SandboxStaleSwept, "stale_sandbox_id", old)
+		aud.Log(audit.SandboxStaleSweptEvent{StaleSandboxID: old})
 	}
 	if err != nil {
 		log.Warn("could not remove all stale sandbox state", "err", err)
@@ -189,7 +188,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 
 	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
-		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
 	}
 	if len(pl.PathDropped) > 0 {
@@ -217,17 +216,16 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	}
 	masked, err := secrets.Load(pol.Secrets, os.Getenv)
 	if err != nil {
-		aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(fmt.Errorf("load secrets: %w", err))
 	}
-	var eg *sandbox.Egress
+	var eg *assemble.Egress
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(pol, f, id, log)
+		eg, err = newEgress(pol, pl, masked, f, id, aud, log)
 		if err != nil {
-			aud.Emit(audit.SandboxCompileError, "error", err.Error(), "policy", pol.Source)
+			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 			return setupFailed(err)
 		}
-		eg.Secrets = secrets.NewLive(masked)
 	} else if masked.Len() > 0 {
 		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
 			"secrets", masked.Names())
@@ -309,9 +307,9 @@ func safeEnv(key string) bool {
 	return strings.HasPrefix(key, "LC_")
 }
 
-// newEgress builds proxy mode's decision engine, the sandbox's CA and the
-// roots upstream servers are verified with.
-func newEgress(p *policy.Policy, f runFlags, id string, log *slog.Logger) (*sandbox.Egress, error) {
+// newEgress checks proxy mode's flags and hands what they say, with the
+// policy, the plan's limits and the secrets, to the egress assembly.
+func newEgress(p *policy.Policy, pl *plan.Plan, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
 	var rules []byte
 	if f.policyRules != "" {
 		var err error
@@ -324,26 +322,14 @@ func newEgress(p *policy.Policy, f runFlags, id string, log *slog.Logger) (*sand
 			return nil, fmt.Errorf("--upstream-dns %q: want HOST:PORT, e.g. 192.0.2.53:53", f.upstreamDNS)
 		}
 	}
-	engine, err := decide.New(p, rules)
-	if err != nil {
-		return nil, fmt.Errorf("compile network policy: %w", err)
-	}
 	roots, err := upstreamRoots(f.upstreamCA)
 	if err != nil {
 		return nil, err
 	}
-	authority, err := ca.New(id, 0, 0)
-	if err != nil {
-		return nil, fmt.Errorf("create the sandbox CA: %w", err)
-	}
-	system, warnings, err := ca.HostTrust(os.Getenv)
-	if err != nil {
-		return nil, fmt.Errorf("read the system CA bundle: %w", err)
-	}
-	for _, w := range warnings {
-		log.Warn(w)
-	}
-	return &sandbox.Egress{Engine: engine, UpstreamDNS: f.upstreamDNS, CA: authority, SystemBundle: system, UpstreamRoots: roots}, nil
+	return assemble.New(assemble.Config{
+		ID: id, Policy: p, Rules: rules, UpstreamDNS: f.upstreamDNS, UpstreamRoots: roots,
+		Secrets: masked, Limits: pl.Limits, Audit: aud, Log: log,
+	})
 }
 
 // upstreamRoots returns the host's roots plus every certificate in files.

@@ -1,8 +1,11 @@
-// Package egress holds what every egress listener shares: the request and
-// decision types, the interfaces a listener is built from, and the Gate that
-// turns a connection attempt into a decision, an upstream connection and
-// exactly one audit event. Listener kinds (transparent, HTTP proxy, SOCKS5,
-// DNS) live in sub-packages and never decide or dial on their own.
+// Package egress is the vocabulary every part of the egress speaks: the
+// request and decision types, the stable reasons, the interfaces a listener
+// is built from (Decider, Identifier, Dialer, Names, Inspector) and the
+// facts an identifier reports. It depends on nothing else in corral, so an
+// identifier or a decider can use it without pulling in the machinery,
+// which lives in egress/gate (the Gate, the accept loop) and is put
+// together in egress/assemble. Listener kinds (transparent, HTTP proxy,
+// SOCKS5, DNS) live in sub-packages and never decide or dial on their own.
 package egress
 
 import (
@@ -46,6 +49,13 @@ const (
 	ReasonL7BadPath    = "l7_ambiguous_path"
 	ReasonL7BadQuery   = "l7_malformed_query"
 	ReasonL7Upgrade    = "l7_upgrade_not_allowed"
+	// Connections refused before anything is decided about them.
+	//
+	// ReasonConnLimit: the sandbox already holds limits.connections.
+	ReasonConnLimit = "connection_limit"
+	// ReasonFDReserve: the supervisor is close to its descriptor limit and
+	// keeps the rest for its control socket, DNS and the tunnels it has.
+	ReasonFDReserve = "descriptor_reserve"
 )
 
 // Identity is the process that opened a connection inside the sandbox.
@@ -176,6 +186,24 @@ type Dialer interface {
 // back to the names they stand for.
 type Names interface {
 	Lookup(ip netip.Addr) (host string, ok bool)
+}
+
+// Tunnel is an allowed connection.
+type Tunnel struct {
+	Up net.Conn
+	// Request is the caller's request with the client's identity filled in.
+	Request  Request
+	Decision Decision
+	// Generation is how many reloads the deciding gate had seen when it
+	// decided: a tunnel decided before a reload is decided again.
+	Generation uint64
+}
+
+// Inspector takes over an allowed connection whose decision sets Inspect
+// and returns when it ends, having closed both ends. check is the gate's
+// Recheck for traffic it relays without terminating (TLS passthrough).
+type Inspector interface {
+	Inspect(ctx context.Context, client net.Conn, t *Tunnel, check func(kind, name string, err error) error)
 }
 
 // DenyError is returned when a request is refused; listeners turn it into

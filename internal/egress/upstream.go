@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"syscall"
 )
@@ -35,11 +36,24 @@ func UpstreamReason(err error, otherwise string) string {
 	return otherwise
 }
 
-// identityReason is the refusal reason for an Identifier's error. An
-// ESRCH from a pidfd means the process it names has exited.
-func identityReason(err error) string {
-	if errors.Is(err, ErrProcessExited) || errors.Is(err, syscall.ESRCH) {
-		return ReasonIdentityExited
+// IntegrityError is what an Identifier's error wraps when a file the
+// process runs (its executable, a script on its command line) is not the
+// one first seen at its path in this sandbox. The identifier reports the
+// fact; the gate refuses the connection with ReasonIntegrity.
+type IntegrityError struct {
+	Path string
+	// Want is the hex SHA-256 first seen at Path; Got is the one now.
+	Want, Got string
+}
+
+func (e *IntegrityError) Error() string {
+	return fmt.Sprintf("%s changed since first use in this sandbox (sha256 %s, now %s)", e.Path, short(e.Want), short(e.Got))
+}
+
+// short is enough of a hash for a person to tell two apart.
+func short(sum string) string {
+	if len(sum) > 16 {
+		return sum[:16]
 	}
-	return ReasonIdentity
+	return sum
 }

@@ -22,16 +22,4 @@ func TestFailureReasons(t *testing.T) {
 			t.Errorf("UpstreamReason(%v) = %s, want %s", tc.err, got, tc.want)
 		}
 	}
-	for _, tc := range []struct {
-		err  error
-		want string
-	}{
-		{fmt.Errorf("no process holds the socket: %w", ErrProcessExited), ReasonIdentityExited},
-		{fmt.Errorf("pidfd_open: %w", syscall.ESRCH), ReasonIdentityExited},
-		{errors.New("pid 7 does not descend from the sandbox init"), ReasonIdentity},
-	} {
-		if got := identityReason(tc.err); got != tc.want {
-			t.Errorf("identityReason(%v) = %s, want %s", tc.err, got, tc.want)
-		}
-	}
 }

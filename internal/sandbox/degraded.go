@@ -38,5 +38,5 @@ func planDegradations(p *plan.Plan) []degradation {
 // is less confined than its policy reads, so a run that silently lost a
 // layer can be told from one that had it.
 func (s *supervisor) degraded(d degradation) {
-	s.Audit.Emit(audit.SandboxDegraded, "what", d.what, "reason", d.reason)
+	s.Audit.Log(audit.SandboxDegradedEvent{What: d.what, Reason: d.reason})
 }

@@ -13,8 +13,8 @@ import (
 )
 
 // Reloadable is the part of a running sandbox that a policy reload swaps
-// (the egress decision engine). Swap must leave the old policy in force
-// when it returns an error.
+// (the assembled egress: decisions, secrets' scopes, open connections).
+// Swap must leave the old policy in force when it returns an error.
 type Reloadable interface {
 	Swap(p *policy.Policy) error
 }
@@ -69,7 +69,7 @@ func (s *supervisor) SetPolicy(yaml []byte, source string) error {
 	s.pol.mu.Lock()
 	defer s.pol.mu.Unlock()
 	fail := func(err error) error {
-		s.Audit.Emit(audit.PolicyReloadFail, "source", source, "version", s.pol.version+1, "error", err.Error())
+		s.Audit.Log(audit.PolicyReloadFailedEvent{Source: source, Version: s.pol.version + 1, Error: err.Error()})
 		s.Log.Warn("policy reload rejected; the running policy stays in force", "err", err)
 		return err
 	}
@@ -88,7 +88,7 @@ func (s *supervisor) SetPolicy(yaml []byte, source string) error {
 	}
 	s.pol.current = p
 	s.pol.version++
-	s.Audit.Emit(audit.PolicyReloaded, "source", source, "version", s.pol.version, "policy_sha256", p.SHA256())
+	s.Audit.Log(audit.PolicyReloadedEvent{Source: source, Version: s.pol.version, PolicySHA256: p.SHA256()})
 	s.Log.Info("policy reloaded", "version", s.pol.version, "sha256", p.SHA256())
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/control"
+	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
 	"github.com/corral-sandbox/corral/internal/plan"
@@ -63,8 +64,9 @@ type Options struct {
 	Audit     *audit.Logger
 	Log       *slog.Logger
 	PolicySHA string
-	// Egress is set in proxy mode.
-	Egress *Egress
+	// Egress is set in proxy mode: built before the sandbox starts, served
+	// on the listeners its init opens, and reloaded with the policy.
+	Egress *assemble.Egress
 	// UncagedReason is set when the command runs without a sandbox.
 	UncagedReason string
 	Stdin         *os.File
@@ -87,8 +89,7 @@ func Run(ctx context.Context, o Options) (int, error) {
 	defer stop()
 	s.pol = policyState{current: o.Policy, version: 1}
 	if o.Egress != nil {
-		s.reload = &egressReload{engine: o.Egress.Engine, secrets: o.Egress.Secrets}
-		s.pol.target = s.reload
+		s.pol.target = o.Egress
 	}
 	return s.run(ctx)
 }
@@ -105,9 +106,6 @@ type supervisor struct {
 	// socketKill holds the bytes over the limit when watchSocketMemory
 	// killed the sandbox; 0 otherwise.
 	socketKill atomic.Int64
-	// reload swaps the egress's policy and re-decides open connections;
-	// nil outside proxy mode.
-	reload *egressReload
 	// execs follows forks and execs, so an ancestor's binding goes only to
 	// what it started as that binary; nil where that cannot be watched.
 	execs *procident.ExecWatch
@@ -137,10 +135,10 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			if errors.As(retErr, &se) {
 				step = se.Step
 			}
-			s.Audit.Emit(audit.SandboxSetupError, "step", step, "error", retErr.Error(), "code", code)
+			s.Audit.Log(audit.SandboxSetupErrorEvent{Step: step, Error: retErr.Error(), Code: code})
 			// Every run ends with sandbox.exit, so consumers can pair it
 			// with the start of the run whatever happened in between.
-			s.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(s.start).Milliseconds())
+			s.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(s.start).Milliseconds()})
 		}
 	}()
 
@@ -268,19 +266,20 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
 	}
 	s.phase("workload running")
-	s.Audit.Emit(audit.SandboxStart,
-		"summary", s.Plan.Summary(s.ID),
-		"policy_sha256", s.PolicySHA,
-		"pid", s.cmd.Process.Pid,
-		"argv", s.Argv,
-		"workdir", s.Plan.Workdir,
-		"uid", s.Plan.User.UID, "gid", s.Plan.User.GID,
-		"rootless", s.Plan.Rootless,
-		"landlock_abi", s.Plan.Landlock.ABI,
-		"seccomp", s.Plan.Seccomp.Profile,
-		"network", s.Plan.Network.Mode,
-		"limits_enforced", s.cg != nil,
-	)
+	s.Audit.Log(audit.SandboxStartEvent{
+		Summary:        s.Plan.Summary(s.ID),
+		PolicySHA256:   s.PolicySHA,
+		PID:            s.cmd.Process.Pid,
+		Argv:           s.Argv,
+		Workdir:        s.Plan.Workdir,
+		UID:            s.Plan.User.UID,
+		GID:            s.Plan.User.GID,
+		Rootless:       s.Plan.Rootless,
+		LandlockABI:    s.Plan.Landlock.ABI,
+		Seccomp:        s.Plan.Seccomp.Profile,
+		Network:        s.Plan.Network.Mode,
+		LimitsEnforced: s.cg != nil,
+	})
 	return s.wait(ctx, term, msgs, done), nil
 }
 
@@ -412,14 +411,14 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 		reason = ReasonSignal
 	}
 	if reason != "" {
-		fields := []any{"reason", reason}
+		ev := audit.SandboxKilledEvent{Reason: reason}
 		if sig != 0 {
-			fields = append(fields, "signal", unix.SignalName(syscall.Signal(sig)))
+			ev.Signal = unix.SignalName(syscall.Signal(sig))
 		}
-		s.Audit.Emit(audit.SandboxKilled, fields...)
-		s.Log.Warn("sandbox killed", fields...)
+		s.Audit.Log(ev)
+		s.Log.Warn("sandbox killed", "reason", ev.Reason, "signal", ev.Signal)
 	}
-	s.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(s.start).Milliseconds())
+	s.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(s.start).Milliseconds()})
 	return code
 }
 
@@ -476,7 +475,7 @@ func (s *supervisor) createCgroup() error {
 	if len(l.NotEnforced) > 0 {
 		// Never silent: the plan's warnings were logged, and every run
 		// records which limits it ran without.
-		s.Audit.Emit(audit.SandboxLimitsNotEnforced, "reason", s.Cgroups.Reason, "limits", l.NotEnforced)
+		s.Audit.Log(audit.SandboxLimitsNotEnforcedEvent{Reason: s.Cgroups.Reason, Limits: l.NotEnforced})
 	}
 	if !l.Enforced {
 		return nil

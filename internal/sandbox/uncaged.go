@@ -30,12 +30,12 @@ func runUncaged(ctx context.Context, o Options, sigs <-chan os.Signal) (int, err
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			code = 127
 		}
-		o.Audit.Emit(audit.SandboxSetupError, "step", "execute "+o.Argv[0], "error", err.Error(), "code", code)
-		o.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(start).Milliseconds())
+		o.Audit.Log(audit.SandboxSetupErrorEvent{Step: "execute " + o.Argv[0], Error: err.Error(), Code: code})
+		o.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(start).Milliseconds()})
 		return code, err
 	}
-	o.Audit.Emit(audit.SandboxStartUncaged, "reason", o.UncagedReason, "policy_sha256", o.PolicySHA,
-		"pid", cmd.Process.Pid, "argv", o.Argv, "workdir", o.Plan.Workdir)
+	o.Audit.Log(audit.SandboxStartUncagedEvent{Reason: o.UncagedReason, PolicySHA256: o.PolicySHA,
+		PID: cmd.Process.Pid, Argv: o.Argv, Workdir: o.Plan.Workdir})
 
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -55,10 +55,10 @@ func runUncaged(ctx context.Context, o Options, sigs <-chan os.Signal) (int, err
 	}
 	if timedOut {
 		code = ExitWalltime
-		o.Audit.Emit(audit.SandboxKilled, "reason", ReasonWalltime)
+		o.Audit.Log(audit.SandboxKilledEvent{Reason: ReasonWalltime})
 	} else if ws.Signaled() {
-		o.Audit.Emit(audit.SandboxKilled, "reason", ReasonSignal, "signal", unix.SignalName(ws.Signal()))
+		o.Audit.Log(audit.SandboxKilledEvent{Reason: ReasonSignal, Signal: unix.SignalName(ws.Signal())})
 	}
-	o.Audit.Emit(audit.SandboxExit, "code", code, "duration_ms", time.Since(start).Milliseconds())
+	o.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(start).Milliseconds()})
 	return code, nil
 }

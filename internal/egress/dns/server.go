@@ -362,9 +362,8 @@ func (s *Server) deny(qs mdns.Question, name string, src netip.AddrPort, reason 
 	}
 	qtype := mdns.Type(qs.Qtype).String()
 	if s.Audit != nil {
-		s.Audit.Emit(audit.NetDNSDenied,
-			"name", name, "qtype", qtype, "source", src.String(),
-			"reason", reason, "count", count, "suppressed", suppressed)
+		s.Audit.Log(audit.NetDNSDeniedEvent{Name: name, QType: qtype, Source: src.String(),
+			Reason: reason, Count: count, Suppressed: suppressed})
 	}
 	s.log().Debug("dns: name denied", "name", name, "qtype", qtype, "source", src.String(), "reason", reason)
 }

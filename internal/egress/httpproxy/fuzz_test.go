@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 )
 
 // FuzzHandshake feeds arbitrary request heads (CONNECT and absolute-URI
@@ -27,7 +27,7 @@ func FuzzHandshake(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	s := &Server{Gate: &egress.Gate{Decider: egresstest.Decider{}, Dialer: &egresstest.Dialer{Addr: "127.0.0.1:1"}}}
+	s := &Server{Gate: &gate.Gate{Decider: egresstest.Decider{}, Dialer: &egresstest.Dialer{Addr: "127.0.0.1:1"}}}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		client, server := net.Pipe()
 		done := make(chan struct{})

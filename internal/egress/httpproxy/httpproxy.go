@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 )
 
@@ -34,7 +35,7 @@ const (
 
 // Server is the explicit HTTP proxy.
 type Server struct {
-	Gate  *egress.Gate
+	Gate  *gate.Gate
 	Names egress.Names
 	Log   *slog.Logger
 	// IdleTimeout ends a tunnel with no traffic either way; 0 never.
@@ -47,7 +48,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("httpproxy: no gate")
 	}
-	return egress.Serve(ctx, l, s.log(), "http_proxy", s.Gate.Admission, s.handle, s.refuseBusy)
+	return gate.Serve(ctx, l, s.log(), "http_proxy", s.Gate.Admission, s.handle, s.refuseBusy)
 }
 
 // busyHeadTimeout bounds reading the head of a request that is refused
@@ -62,7 +63,7 @@ func (s *Server) refuseBusy(c net.Conn, why string) {
 	defer c.Close()
 	c.SetReadDeadline(time.Now().Add(busyHeadTimeout))
 	if _, err := http.ReadRequest(bufio.NewReader(io.LimitReader(c, MaxHeaderBytes))); err != nil {
-		egress.Reset(c)
+		gate.Reset(c)
 		return
 	}
 	status := http.StatusTooManyRequests

@@ -21,6 +21,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 )
 
 var synth = netip.MustParseAddr("198.18.0.1")
@@ -35,7 +36,7 @@ func start(t *testing.T, upstream string) *harness {
 	t.Helper()
 	h := &harness{dialer: &egresstest.Dialer{Addr: upstream}, audit: &egresstest.AuditBuffer{}}
 	s := &Server{
-		Gate: &egress.Gate{
+		Gate: &gate.Gate{
 			Decider: egresstest.Decider{"allowed.test": true, "example.com": true, "2001:db8::1": true},
 			Dialer:  h.dialer,
 			Audit:   audit.New(h.audit),

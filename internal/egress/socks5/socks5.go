@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 )
 
@@ -50,7 +51,7 @@ const (
 
 // Server is the SOCKS5 listener.
 type Server struct {
-	Gate  *egress.Gate
+	Gate  *gate.Gate
 	Names egress.Names
 	Log   *slog.Logger
 	// IdleTimeout ends a tunnel with no traffic either way; 0 never.
@@ -63,7 +64,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("socks5: no gate")
 	}
-	return egress.Serve(ctx, l, s.log(), egress.ViaSOCKS5, s.Gate.Admission, s.handle, refuse)
+	return gate.Serve(ctx, l, s.log(), egress.ViaSOCKS5, s.Gate.Admission, s.handle, refuse)
 }
 
 // refuseTimeout bounds reading the request of a connection that is refused

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 )
 
 type harness struct {
@@ -27,7 +28,7 @@ func start(t *testing.T, up string) *harness {
 	t.Helper()
 	h := &harness{dialer: &egresstest.Dialer{Addr: up}, audit: &egresstest.AuditBuffer{}}
 	s := &Server{
-		Gate: &egress.Gate{
+		Gate: &gate.Gate{
 			Decider: egresstest.Decider{"allowed.test": true, "203.0.113.7": true, "2001:db8::1": true},
 			Dialer:  h.dialer,
 			Audit:   audit.New(h.audit),

@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 )
 
 // Server is the transparent listener.
 type Server struct {
-	Gate  *egress.Gate
+	Gate  *gate.Gate
 	Names egress.Names
 	Log   *slog.Logger
 	// PeekTimeout is how long a silent client is waited for before its
@@ -37,12 +38,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if s.Gate == nil {
 		return errors.New("transparent: no gate")
 	}
-	return egress.Serve(ctx, l, s.log(), egress.ViaTransparent, s.Gate.Admission, s.handle, refuse)
+	return gate.Serve(ctx, l, s.log(), egress.ViaTransparent, s.Gate.Admission, s.handle, refuse)
 }
 
 // refuse answers a connection over the sandbox's limits with the only
 // refusal raw TCP has.
-func refuse(c net.Conn, _ string) { egress.Reset(c) }
+func refuse(c net.Conn, _ string) { gate.Reset(c) }
 
 func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	c, ok := conn.(*net.TCPConn)
@@ -62,7 +63,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		// Without a destination there is nothing to decide on; this is a
 		// direct connection to the listener or broken capture rules.
 		s.log().Warn("transparent connection without original destination", "source", c.RemoteAddr().String(), "err", err)
-		egress.Reset(c)
+		gate.Reset(c)
 		return
 	}
 	r := egress.Request{Port: dst.Port(), Via: egress.ViaTransparent, Source: remoteAddrPort(c)}
@@ -84,7 +85,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		kind, name, opening, err = sniff.Peek(c, sniff.DefaultMax, s.PeekTimeout)
 		if err != nil && !errors.Is(err, sniff.ErrMalformed) {
 			s.log().Debug("transparent client failed before deciding", "source", r.Source.String(), "err", err)
-			egress.Reset(c)
+			gate.Reset(c)
 			return
 		}
 		if claim := sniff.Claim(kind, name, err); claim != "" {
@@ -96,7 +97,7 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	if err != nil {
 		// The gate has recorded the refusal; an RST is the only reason a
 		// raw TCP client can be shown.
-		egress.Reset(c)
+		gate.Reset(c)
 		return
 	}
 	// The gate replays the opening it has seen (checking it again is a

@@ -16,6 +16,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 )
@@ -45,7 +46,7 @@ func start(t *testing.T, dst netip.AddrPort, up func(net.Conn)) *harness {
 	t.Helper()
 	h := &harness{dialer: &dialer{Addr: egresstest.Upstream(t, up)}, audit: &lockedBuffer{}}
 	s := &Server{
-		Gate: &egress.Gate{
+		Gate: &gate.Gate{
 			Decider: decider{"allowed.test": true, "203.0.113.7": true},
 			Dialer:  h.dialer,
 			Audit:   audit.New(h.audit),
@@ -256,7 +257,7 @@ func TestLateFrontingReset(t *testing.T) {
 
 func TestNoOriginalDst(t *testing.T) {
 	d := &dialer{Addr: "unused"}
-	s := &Server{Gate: &egress.Gate{Decider: decider{}, Dialer: d}, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
+	s := &Server{Gate: &gate.Gate{Decider: decider{}, Dialer: d}, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
 		return netip.AddrPort{}, errors.New("no conntrack entry")
 	}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -303,7 +304,7 @@ func TestOriginalDstWithoutNAT(t *testing.T) {
 }
 
 func TestServeStops(t *testing.T) {
-	s := &Server{Gate: &egress.Gate{}}
+	s := &Server{Gate: &gate.Gate{}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

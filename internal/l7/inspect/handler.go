@@ -286,20 +286,19 @@ func (h *handler) report(req *http.Request, hr egress.HTTPRequest, d egress.HTTP
 	if host == "" {
 		host = r.IP.String()
 	}
-	kv := []any{
-		"via", r.Via, "host", host, "port", r.Port, "scheme", h.scheme, "proto", req.Proto,
-		"method", req.Method, "path", set.Redact(hr.Path), "query", set.Redact(req.URL.RawQuery),
-		"decision", outcome, "policy", d.Policy, "rule", d.Rule,
-		"status", status, "bytes", in + w.n.Load(), "bytes_in", in, "bytes_out", w.n.Load(), "duration_ms", took.Milliseconds(),
-		"binary", r.Identity.Binary, "pid", r.Identity.PID, "masked", ex.masked,
+	out := w.n.Load()
+	ev := audit.HTTPRequestEvent{
+		Via: r.Via, Host: host, Port: r.Port, Scheme: h.scheme, Proto: req.Proto,
+		Method: req.Method, Path: set.Redact(hr.Path), Query: set.Redact(req.URL.RawQuery),
+		Decision: outcome, Policy: d.Policy, Rule: d.Rule,
+		Status: status, Bytes: in + out, BytesIn: in, BytesOut: out, DurationMS: took.Milliseconds(),
+		Binary: r.Identity.Binary, PID: r.Identity.PID, Masked: ex.masked,
+		WouldDeny: outcome == decisionAudit,
 	}
 	if outcome != decisionAllow {
-		kv = append(kv, "reason", d.Reason, "detail", set.Redact(d.Detail))
+		ev.Reason, ev.Detail = d.Reason, set.Redact(d.Detail)
 	}
-	if outcome == decisionAudit {
-		kv = append(kv, "would_deny", true)
-	}
-	h.in.Audit.Emit(audit.HTTPRequest, kv...)
+	h.in.Audit.Log(ev)
 	if outcome == decisionDeny {
 		h.in.log().Warn("http request denied", "target", r.Target(), "method", req.Method, "path", set.Redact(hr.Path), "reason", d.Reason)
 	}

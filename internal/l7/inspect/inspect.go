@@ -28,6 +28,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
@@ -92,7 +93,7 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 	if t.Decision.TLS == policy.TLSPassthrough {
 		// Exempt from inspection, not from the connection's own checks:
 		// the listener left the opening to be checked here.
-		if _, _, err := relay.Relay(egress.Guarded(conn, nil, t.Request, check), t.Up, 0); err != nil {
+		if _, _, err := relay.Relay(gate.Guarded(conn, nil, t.Request, check), t.Up, 0); err != nil {
 			in.log().Debug("uninspected tunnel ended", "target", t.Request.Target(), "err", err)
 		}
 		return
@@ -180,8 +181,8 @@ func (in *Inspector) handshakeFailed(t *egress.Tunnel, err error) {
 	}
 	next := "point the client at " + plan.CABundlePath + " (or " + plan.TrustStorePath + " for Java); inspection needs the client to trust the sandbox CA"
 	if in.Audit != nil {
-		in.Audit.Emit(audit.TLSHandshakeFailed, "via", r.Via, "host", r.Host, "port", r.Port,
-			"binary", r.Identity.Binary, "pid", r.Identity.PID, "cause", cause, "detail", msg, "next_steps", next)
+		in.Audit.Log(audit.TLSHandshakeFailedEvent{Via: r.Via, Host: r.Host, Port: r.Port,
+			Binary: r.Identity.Binary, PID: r.Identity.PID, Cause: cause, Detail: msg, NextSteps: next})
 	}
 	if hint != "" {
 		in.log().Warn("TLS handshake with the workload failed: "+hint, "target", r.Target(), "binary", r.Identity.Binary, "err", err, "fix", next)

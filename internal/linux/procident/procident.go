@@ -73,8 +73,8 @@ var _ egress.Identifier = (*Resolver)(nil)
 
 // Identify returns the process that owns the sandbox end of conn. A file
 // whose content differs from what was first seen at its path yields an
-// *egress.DenyError with ReasonIntegrity (Request left for the caller to
-// fill); any other failure is a plain error, on which the caller denies.
+// error wrapping *egress.IntegrityError; the caller decides what either
+// failure means for the connection.
 func (r *Resolver) Identify(conn net.Conn) (egress.Identity, error) {
 	if r.InitPID <= 0 {
 		return egress.Identity{}, errors.New("procident: no sandbox init pid")
@@ -174,10 +174,10 @@ func (r *Resolver) identifyRefs(refs []fdRef) (egress.Identity, error) {
 		// A process whose candidate socket has closed since the snapshot
 		// (a busy client opening and closing connections) is still the
 		// holder of its other candidates: any one it still holds pins it.
-		for j := i + 1; err != nil && j < len(refs) && refs[j].pid == ref.pid; j++ {
-			if _, integrity := egress.AsDeny(err); integrity {
-				break
-			}
+		// A changed file is a finding about the process, not about the
+		// socket, so another candidate cannot clear it.
+		var changed *egress.IntegrityError
+		for j := i + 1; err != nil && !errors.As(err, &changed) && j < len(refs) && refs[j].pid == ref.pid; j++ {
 			got, err = r.identify(refs[j])
 		}
 		if err != nil {

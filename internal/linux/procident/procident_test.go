@@ -5,6 +5,7 @@ package procident
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -264,12 +265,12 @@ func copyAs(t *testing.T, name string) string {
 
 func assertIntegrity(t *testing.T, err error, path string) {
 	t.Helper()
-	d, ok := egress.AsDeny(err)
-	if !ok {
-		t.Fatalf("got %v, want a DenyError", err)
+	var changed *egress.IntegrityError
+	if !errors.As(err, &changed) {
+		t.Fatalf("got %v, want an IntegrityError", err)
 	}
-	if d.Decision.Reason != egress.ReasonIntegrity || !strings.Contains(d.Decision.Detail, path) {
-		t.Fatalf("got %+v, want %s for %s", d.Decision, egress.ReasonIntegrity, path)
+	if changed.Path != path || changed.Want == "" || changed.Got == "" || changed.Want == changed.Got {
+		t.Fatalf("got %+v, want %s with the first and the current hash", changed, path)
 	}
 }
 

@@ -36,7 +36,7 @@ type trustEntry struct {
 // verify returns the hex SHA-256 of f, recorded as the content of path
 // (the path the sandbox sees). The first hash seen for a path is trusted;
 // later the file is re-hashed only when its fingerprint changes, and a
-// different hash is a deny with ReasonIntegrity. With optional set, a file
+// different hash is an *egress.IntegrityError. With optional set, a file
 // too large to hash is reported with an empty hash instead of being read.
 //
 // f is opened by the caller, and the fingerprint taken from f itself, so
@@ -73,18 +73,8 @@ func (r *Resolver) verify(path string, f *os.File, optional bool) (string, error
 	if e, seen := r.trusted[path]; seen && e.sum != sum {
 		// The trusted hash is kept: restoring the original file restores
 		// access, and a second change cannot launder the first.
-		return "", &egress.DenyError{Decision: egress.Decision{
-			Reason: egress.ReasonIntegrity,
-			Detail: fmt.Sprintf("%s changed since first use in this sandbox (sha256 %s, now %s)", path, short(e.sum), short(sum)),
-		}}
+		return "", &egress.IntegrityError{Path: path, Want: e.sum, Got: sum}
 	}
 	r.trusted[path] = trustEntry{fp: fp, sum: sum}
 	return sum, nil
-}
-
-func short(sum string) string {
-	if len(sum) > 16 {
-		return sum[:16]
-	}
-	return sum
 }

@@ -1,4 +1,4 @@
-package egress
+package gate
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress"
 )
 
 // flakyListener fails its first accepts with EMFILE, then hands out one
@@ -97,8 +98,8 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("second connection refused: %s", why)
 	}
 	for range 5 {
-		if why := adm.admit("t", c()); why != ReasonConnLimit {
-			t.Fatalf("third connection: got %q, want %s", why, ReasonConnLimit)
+		if why := adm.admit("t", c()); why != egress.ReasonConnLimit {
+			t.Fatalf("third connection: got %q, want %s", why, egress.ReasonConnLimit)
 		}
 	}
 	if adm.Active() != 2 {

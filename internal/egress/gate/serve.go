@@ -1,4 +1,4 @@
-package egress
+package gate
 
 import (
 	"context"
@@ -13,15 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/audit"
-)
-
-// Reasons for connections refused before anything is decided about them.
-const (
-	// ReasonConnLimit: the sandbox already holds limits.connections.
-	ReasonConnLimit = "connection_limit"
-	// ReasonFDReserve: the supervisor is close to its descriptor limit and
-	// keeps the rest for its control socket, DNS and the tunnels it has.
-	ReasonFDReserve = "descriptor_reserve"
+	"github.com/corral-sandbox/corral/internal/egress"
 )
 
 // Serve accepts on l until ctx is done or l is closed (both return nil) and
@@ -140,9 +132,9 @@ func (a *Admission) admit(via string, c net.Conn) string {
 	}
 	why := ""
 	if n := a.active.Add(1); a.max > 0 && n > a.max {
-		why = ReasonConnLimit
+		why = egress.ReasonConnLimit
 	} else if !a.fds.take(fdsPerConn) {
-		why = ReasonFDReserve
+		why = egress.ReasonFDReserve
 	}
 	if why != "" {
 		a.active.Add(-1)
@@ -190,15 +182,14 @@ func (a *Admission) event(via string, c net.Conn, why string) {
 	a.mu.Unlock()
 
 	detail := fmt.Sprintf("the sandbox holds %d connections, the policy's limits.connections", a.max)
-	if why == ReasonFDReserve {
+	if why == egress.ReasonFDReserve {
 		detail = "the supervisor is near its descriptor limit and keeps the rest for DNS and control"
 	}
-	kv := []any{"via", via, "source", c.RemoteAddr().String(), "reason", why, "detail", detail,
-		"active", a.active.Load(), "limit", a.max, "suppressed", suppressed}
 	if a.audit != nil {
-		a.audit.Emit(audit.NetConnectDenied, kv...)
+		a.audit.Log(audit.NetAdmissionDeniedEvent{Via: via, Source: c.RemoteAddr().String(), Reason: why, Detail: detail,
+			Active: a.active.Load(), Limit: a.max, Suppressed: suppressed})
 	}
-	a.log.Warn("network connection refused: too many connections", kv...)
+	a.log.Warn("network connection refused: too many connections", "via", via, "reason", why, "detail", detail, "suppressed", suppressed)
 }
 
 // Reset closes c with an RST where it is TCP, so a client sees a refusal

@@ -1,0 +1,219 @@
+// Package assemble builds one sandbox's egress, and is the only place that
+// does: from the policy and what corral run's flags add, the decision
+// engine, the sandbox's CA and the trust handed to the workload, and the
+// secrets; then, on the listeners the sandbox's init opened, the guarded
+// dialer, the identifier, the gate, the inspector, the proxies and the DNS
+// server. The supervisor calls New before the sandbox starts, so a policy
+// that does not compile stops the run, and Start once the listeners exist.
+package assemble
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress/decide"
+	"github.com/corral-sandbox/corral/internal/egress/dialer"
+	"github.com/corral-sandbox/corral/internal/egress/dns"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
+	"github.com/corral-sandbox/corral/internal/egress/httpproxy"
+	"github.com/corral-sandbox/corral/internal/egress/socks5"
+	"github.com/corral-sandbox/corral/internal/egress/transparent"
+	"github.com/corral-sandbox/corral/internal/l7/ca"
+	"github.com/corral-sandbox/corral/internal/l7/inspect"
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/linux/capture"
+	"github.com/corral-sandbox/corral/internal/linux/procident"
+	"github.com/corral-sandbox/corral/internal/netclass"
+	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+// Config is what an egress is built from.
+type Config struct {
+	// ID names the sandbox; its CA carries it.
+	ID     string
+	Policy *policy.Policy
+	// Rules replace the built-in decision rules (--policy-rules); nil
+	// keeps them.
+	Rules []byte
+	// UpstreamDNS is "HOST:PORT" of the resolver for allowed names; empty
+	// means the host's resolver.
+	UpstreamDNS string
+	// UpstreamRoots returns the roots that verify upstream servers of
+	// inspected connections, loading them on first use.
+	UpstreamRoots func() *x509.CertPool
+	// Secrets are swapped into inspected requests; nil for none.
+	Secrets *secrets.Set
+	// Limits are the plan's: Connections and TunnelIdleMS bound the
+	// tunnels.
+	Limits plan.Limits
+	Audit  *audit.Logger
+	Log    *slog.Logger
+}
+
+// Egress is one sandbox's egress: built by New, served by Start, and
+// reloaded by Swap.
+type Egress struct {
+	cfg     Config
+	engine  *decide.Engine
+	ca      *ca.CA
+	system  []byte // what the host trusts (ca.HostTrust)
+	secrets *secrets.Live
+	// gate carries the open connections once Start has run; Swap
+	// re-decides them.
+	gate atomic.Pointer[gate.Gate]
+}
+
+// New compiles the policy and creates the sandbox's CA. Nothing runs yet.
+func New(c Config) (*Egress, error) {
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	engine, err := decide.New(c.Policy, c.Rules)
+	if err != nil {
+		return nil, fmt.Errorf("compile network policy: %w", err)
+	}
+	authority, err := ca.New(c.ID, 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("create the sandbox CA: %w", err)
+	}
+	system, warnings, err := ca.HostTrust(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("read the system CA bundle: %w", err)
+	}
+	for _, w := range warnings {
+		c.Log.Warn(w)
+	}
+	return &Egress{cfg: c, engine: engine, ca: authority, system: system, secrets: secrets.NewLive(c.Secrets)}, nil
+}
+
+// TrustFiles returns, by file name, what the plan mounts where the
+// workload's TLS clients look: the sandbox CA's certificate, the host's
+// bundle with it added, and that bundle as a PKCS#12 trust store (Java).
+func (e *Egress) TrustFiles() (map[string][]byte, error) {
+	bundle := e.ca.Bundle(e.system)
+	store, err := ca.TrustStore(bundle, plan.TrustStorePassword)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox trust store: %w", err)
+	}
+	return map[string][]byte{
+		"ca.pem":         e.ca.CertPEM(),
+		"ca-bundle.pem":  bundle,
+		"truststore.p12": store,
+	}, nil
+}
+
+// Swap puts p in force: the decision engine and the secrets' scopes change
+// together, the new scopes worked out first, so a policy takes effect whole
+// or not at all. Then the open connections are decided again. It leaves
+// the old policy in force when it returns an error.
+func (e *Egress) Swap(p *policy.Policy) error {
+	scoped, err := e.secrets.Load().Rescope(p.Secrets)
+	if err != nil {
+		return err
+	}
+	if err := e.secrets.Reload(func() error { return e.engine.Swap(p) }, scoped); err != nil {
+		return err
+	}
+	if g := e.gate.Load(); g != nil {
+		g.Revoke(context.Background())
+	}
+	return nil
+}
+
+// Sandbox is what the running sandbox gives its egress.
+type Sandbox struct {
+	// Listeners are the sockets the init opened inside the sandbox's
+	// network namespace; Start takes ownership of their files.
+	Listeners *capture.Listeners
+	// InitPID and Execs identify the process behind each connection
+	// (Execs may be nil where forks and execs cannot be followed).
+	InitPID int
+	Execs   *procident.ExecWatch
+}
+
+// Start serves every listener until ctx ends. Every listener goes through
+// one Gate, so identification, decision, SSRF checks and the audit event
+// cannot differ between them.
+func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
+	c, l := e.cfg, sb.Listeners
+	pool := dns.NewPool(netclass.SyntheticPrefix)
+	dial := dialer.New(c.UpstreamDNS)
+	g := &gate.Gate{
+		Decider:    e.engine,
+		Dialer:     dial,
+		Identifier: &procident.Resolver{InitPID: sb.InitPID, Execs: sb.Execs},
+		Inspector: &inspect.Inspector{
+			Decider: e.engine, CA: e.ca, Secrets: e.secrets, Dialer: dial,
+			RootCAs: c.UpstreamRoots, Audit: c.Audit, Log: c.Log,
+		},
+		Audit: c.Audit,
+		Log:   c.Log,
+		// One admission for all listeners: the limit is the sandbox's, and
+		// descriptors are the supervisor's, whichever listener spends them.
+		Admission: gate.NewAdmission(int(c.Limits.Connections), c.Audit, c.Log),
+	}
+	e.gate.Store(g)
+	resolver := &dns.Server{Decider: e.engine, Audit: c.Audit, Log: c.Log, Pool: pool}
+	idle := time.Duration(c.Limits.TunnelIdleMS) * time.Millisecond
+	tp := &transparent.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
+	hp := &httpproxy.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
+	sp := &socks5.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
+
+	serve := func(what string, f *os.File, run func(net.Listener) error) error {
+		if f == nil {
+			return nil
+		}
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s listener: %w", what, err)
+		}
+		go func() {
+			if err := run(ln); err != nil && ctx.Err() == nil {
+				c.Log.Error("egress listener stopped", "listener", what, "err", err)
+			}
+		}()
+		return nil
+	}
+	servePacket := func(what string, f *os.File) error {
+		if f == nil {
+			return nil
+		}
+		pc, err := net.FilePacketConn(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s listener: %w", what, err)
+		}
+		go func() {
+			if err := resolver.ServeUDP(ctx, pc); err != nil && ctx.Err() == nil {
+				c.Log.Error("egress listener stopped", "listener", what, "err", err)
+			}
+		}()
+		return nil
+	}
+	dnsTCP := func(ln net.Listener) error { return resolver.ServeTCP(ctx, ln) }
+	steps := []error{
+		servePacket("dns/udp", l.DNSUDP),
+		servePacket("dns/udp6", l.DNSUDP6),
+		serve("dns/tcp", l.DNSTCP, dnsTCP),
+		serve("dns/tcp6", l.DNSTCP6, dnsTCP),
+		serve("transparent", l.Transparent4, func(ln net.Listener) error { return tp.Serve(ctx, ln) }),
+		serve("transparent6", l.Transparent6, func(ln net.Listener) error { return tp.Serve(ctx, ln) }),
+		serve("http proxy", l.HTTPProxy, func(ln net.Listener) error { return hp.Serve(ctx, ln) }),
+		serve("socks5", l.SOCKS, func(ln net.Listener) error { return sp.Serve(ctx, ln) }),
+	}
+	for _, err := range steps {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
