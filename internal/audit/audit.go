@@ -181,14 +181,27 @@ func Open(path string, opts ...Option) (*Logger, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Logger{s: newSink(w, w, c, true)}, nil
+	return &Logger{s: newSink(JSONLines(w, w), c, true)}, nil
+}
+
+// NewSink writes events to out (a FanOut of several, for one) through the
+// same bounded queue as Open, with the same truncation and rate limits.
+func NewSink(out Sink, opts ...Option) (*Logger, error) {
+	c := defaults()
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return &Logger{s: newSink(out, c, true)}, nil
 }
 
 // New writes events to w before Emit returns: for in-memory sinks and tests
 // that read what was written at once. Fields are truncated and rate-limited
 // as for Open.
 func New(w io.Writer) *Logger {
-	return &Logger{s: newSink(w, nil, defaults(), false)}
+	return &Logger{s: newSink(JSONLines(w, nil), defaults(), false)}
 }
 
 // Discard is a Logger that drops everything; for paths that must not fail

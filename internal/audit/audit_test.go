@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,7 +97,7 @@ func testLogger(w *syncBuf, async bool, tune func(*config)) (*Logger, *clock) {
 	if tune != nil {
 		tune(&c)
 	}
-	return (&Logger{s: newSink(w, nil, c, async)}).For("sb1", "sess"), clk
+	return (&Logger{s: newSink(JSONLines(w, nil), c, async)}).For("sb1", "sess"), clk
 }
 
 func denied(l *Logger, host string, port int, path string) {
@@ -301,7 +303,7 @@ func TestNonBlocking(t *testing.T) {
 	c.queue = 8
 	c.allowedKey = rate{burst: 1e9, perSec: 1e9}
 	c.allowedEvent = c.allowedKey
-	l := &Logger{s: newSink(g, nil, c, true)}
+	l := &Logger{s: newSink(JSONLines(g, nil), c, true)}
 	const n = 1000
 	done := make(chan struct{})
 	go func() {
@@ -346,7 +348,7 @@ type failing struct{}
 func (failing) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
 
 func TestWriteErrorsDoNotCrash(t *testing.T) {
-	l := &Logger{s: newSink(failing{}, nil, defaults(), true)}
+	l := &Logger{s: newSink(JSONLines(failing{}, nil), defaults(), true)}
 	for range 100 {
 		l.emit(SandboxExit, "code", 0)
 		denied(l, "a.test", 80, "/")
@@ -487,4 +489,75 @@ func BenchmarkEmit(b *testing.B) {
 			l.emit(HTTPRequest, "host", "api.test", "port", 443, "method", "GET", "path", path, "decision", "allow", "status", i)
 		}
 	})
+}
+
+// recordSink keeps the event names it is given; with err set it refuses
+// them all, and with hold set it blocks until hold closes.
+type recordSink struct {
+	mu    sync.Mutex
+	names []string
+	err   error
+	hold  chan struct{}
+}
+
+func (r *recordSink) Write(rec slog.Record) error {
+	if r.hold != nil {
+		<-r.hold
+	}
+	if r.err != nil {
+		return r.err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.names = append(r.names, rec.Message)
+	return nil
+}
+
+func (r *recordSink) Close() error { return nil }
+
+func (r *recordSink) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.names...)
+}
+
+// TestFanOutFeedsEverySink: every sink of a fan-out gets each event, one
+// that fails keeps nothing from the others, and a stuck one costs counted
+// events, never the caller's time.
+func TestFanOutFeedsEverySink(t *testing.T) {
+	a, b, broken := &recordSink{}, &recordSink{}, &recordSink{err: errors.New("collector down")}
+	l, err := NewSink(FanOut(a, broken, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Log(SandboxExitEvent{Code: 0})
+	l.Log(PolicyReloadedEvent{Version: 2})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*recordSink{a, b} {
+		if got := s.got(); len(got) != 2 || got[0] != SandboxExit || got[1] != PolicyReloaded {
+			t.Errorf("a sink of the fan-out got %q", got)
+		}
+	}
+
+	stuck := &recordSink{hold: make(chan struct{})}
+	l, err = NewSink(FanOut(stuck), WithQueueLen(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i := range 100 {
+		l.Log(NetConnectEvent{Outcome: OutcomeDenied, Host: "h.test", Port: uint16(i), Reason: "no_matching_policy"})
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("logging to a stuck sink took %v", took)
+	}
+	close(stuck.hold)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := stuck.got(); !slices.Contains(got, AuditDropped) && !slices.Contains(got, AuditSuppressed) {
+		t.Errorf("events lost to a stuck sink were not counted: %q", got)
+	}
 }

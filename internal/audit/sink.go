@@ -2,6 +2,7 @@ package audit
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"sync"
@@ -9,14 +10,67 @@ import (
 	"time"
 )
 
-// sink writes records through one JSON handler, either at once (New) or
-// through a bounded queue drained by one writer goroutine (Open), so that a
-// slow or stuck disk costs events, counted, never a proxy's time.
+// Sink takes the audit trail's finished records: the file today; an
+// aggregator or a remote collector are Sinks too, side by side through
+// FanOut. A Logger made with NewSink or Open puts a bounded queue in front
+// of it, so a slow Sink costs events, counted in audit.dropped, never the
+// proxy's time.
+type Sink interface {
+	Write(r slog.Record) error
+	Close() error
+}
+
+// JSONLines is a Sink writing one JSON object per line to w with corral's
+// field names; Close closes c, if any.
+func JSONLines(w io.Writer, c io.Closer) Sink {
+	return jsonLines{h: slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: rename}), c: c}
+}
+
+type jsonLines struct {
+	h slog.Handler
+	c io.Closer
+}
+
+func (j jsonLines) Write(r slog.Record) error { return j.h.Handle(context.Background(), r) }
+
+func (j jsonLines) Close() error {
+	if j.c == nil {
+		return nil
+	}
+	return j.c.Close()
+}
+
+// FanOut is a Sink writing every record to each of sinks; one that fails
+// does not keep the record from the others.
+func FanOut(sinks ...Sink) Sink { return fanOut(sinks) }
+
+type fanOut []Sink
+
+func (f fanOut) Write(r slog.Record) error {
+	var errs []error
+	for _, s := range f {
+		if err := s.Write(r.Clone()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (f fanOut) Close() error {
+	var errs []error
+	for _, s := range f {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// sink writes records to out, either at once (New) or through a bounded
+// queue drained by one writer goroutine (Open, NewSink), so that a slow or
+// stuck sink costs events, counted, never a proxy's time.
 type sink struct {
-	cfg    config
-	h      slog.Handler
-	lim    *limiter
-	closer io.Closer
+	cfg config
+	out Sink
+	lim *limiter
 
 	mu     sync.RWMutex // held for writing only to close q
 	closed bool
@@ -31,8 +85,8 @@ type sink struct {
 	closeErr  error
 }
 
-func newSink(w io.Writer, closer io.Closer, c config, async bool) *sink {
-	s := &sink{cfg: c, closer: closer, h: slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: rename})}
+func newSink(out Sink, c config, async bool) *sink {
+	s := &sink{cfg: c, out: out}
 	s.lim = newLimiter(&s.cfg)
 	if async {
 		s.q = make(chan slog.Record, c.queue)
@@ -134,7 +188,7 @@ func (s *sink) writeAll(rs []slog.Record) {
 // write never fails its caller: a sink that cannot be written is worth one
 // warning per run of failures, not a crash or a stalled proxy.
 func (s *sink) write(r slog.Record) {
-	if err := s.h.Handle(context.Background(), r); err != nil {
+	if err := s.out.Write(r); err != nil {
 		if s.failing.CompareAndSwap(false, true) {
 			slog.Default().Warn("audit: cannot write the audit log; events are being lost until it can", "err", err)
 		}
@@ -159,9 +213,7 @@ func (s *sink) close() error {
 		} else {
 			s.writeAll(s.lim.flush(s.cfg.now(), true))
 		}
-		if s.closer != nil {
-			s.closeErr = s.closer.Close()
-		}
+		s.closeErr = s.out.Close()
 	})
 	return s.closeErr
 }

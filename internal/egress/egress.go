@@ -201,9 +201,12 @@ type Tunnel struct {
 
 // Inspector takes over an allowed connection whose decision sets Inspect
 // and returns when it ends, having closed both ends. check is the gate's
-// Recheck for traffic it relays without terminating (TLS passthrough).
+// Recheck for the names the client announces. A connection exempt from
+// inspection (TLS to a passthrough endpoint) is handed back instead, with
+// what was read of it, for the caller to relay as bytes like any other
+// tunnel; both ends are then the caller's.
 type Inspector interface {
-	Inspect(ctx context.Context, client net.Conn, t *Tunnel, check func(kind, name string, err error) error)
+	Inspect(ctx context.Context, client net.Conn, t *Tunnel, check func(kind, name string, err error) error) (passthrough net.Conn)
 }
 
 // DenyError is returned when a request is refused; listeners turn it into

@@ -258,6 +258,16 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	switch {
 	case !ok:
 		<-done
+		if s.cg != nil && s.oomKilled() {
+			// A workload that fills its memory at once (a tmpfs, say) can
+			// have the kernel pick the init before it reported the
+			// workload running: that is the memory limit at work.
+			code := 128 + int(unix.SIGKILL)
+			s.Audit.Log(audit.SandboxKilledEvent{Reason: ReasonOOM, Signal: unix.SignalName(unix.SIGKILL)})
+			s.Log.Warn("sandbox killed", "reason", ReasonOOM)
+			s.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(s.start).Milliseconds()})
+			return code, nil
+		}
 		return ExitSetupFailed, fmt.Errorf("sandbox init exited during set-up (%s)", s.cmd.ProcessState)
 	case first.Type == initproc.MsgError:
 		<-done

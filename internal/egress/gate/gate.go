@@ -114,8 +114,12 @@ func (g *Gate) Carry(ctx context.Context, client net.Conn, t *egress.Tunnel, ahe
 		return derr
 	}
 	if t.Decision.Inspect {
-		g.Inspector.Inspect(ctx, Replay(client, ahead), t, check)
-		return
+		raw := g.Inspector.Inspect(ctx, Replay(client, ahead), t, check)
+		if raw == nil {
+			return
+		}
+		// What the inspector read of it is in raw already.
+		client, ahead = raw, nil
 	}
 	if _, _, err := relay.Relay(Guarded(client, ahead, t.Request, check), t.Up, idle); err != nil && g.Log != nil {
 		g.Log.Debug("tunnel ended", "via", t.Request.Via, "target", t.Request.Target(), "err", err)

@@ -3,7 +3,9 @@ package gate_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,5 +114,36 @@ func TestReloadBeforeCarryIsNotMissed(t *testing.T) {
 	}
 	if _, err := client.Write([]byte("x")); err == nil {
 		t.Error("the client end of a revoked tunnel is still open")
+	}
+}
+
+// handsBack is an inspector that exempts every connection, as one does for
+// TLS to a passthrough endpoint.
+type handsBack struct{}
+
+func (handsBack) Inspect(_ context.Context, client net.Conn, _ *egress.Tunnel, _ func(string, string, error) error) net.Conn {
+	return client
+}
+
+// A connection the inspector hands back is relayed by the gate, idle
+// timeout included, like any other tunnel.
+func TestPassthroughKeepsIdleTimeout(t *testing.T) {
+	up := egresstest.Upstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	g := &gate.Gate{Decider: inspecting{}, Dialer: &egresstest.Dialer{Addr: up}, Inspector: handsBack{}}
+	client, proxySide := net.Pipe()
+	defer client.Close()
+	tun, err := g.Connect(context.Background(), proxySide, egress.Request{IP: netip.MustParseAddr("203.0.113.7"), Port: 443})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		g.Carry(context.Background(), proxySide, tun, nil, 200*time.Millisecond)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("an idle passthrough tunnel outlived its idle timeout")
 	}
 }

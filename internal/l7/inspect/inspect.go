@@ -28,8 +28,6 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
-	"github.com/corral-sandbox/corral/internal/egress/gate"
-	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/plan"
@@ -74,37 +72,37 @@ type Inspector struct {
 
 var _ egress.Inspector = (*Inspector)(nil)
 
-// Inspect serves one allowed connection until it ends.
-func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) {
-	defer client.Close()
+// Inspect serves one allowed connection until it ends, or hands back a
+// TLS connection to a passthrough endpoint (see egress.Inspector).
+func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tunnel, check func(kind, name string, err error) error) net.Conn {
 	br := bufio.NewReader(client)
 	client.SetReadDeadline(time.Now().Add(headTimeout))
 	first, err := br.Peek(1)
 	client.SetReadDeadline(time.Time{})
 	if err != nil {
+		client.Close()
 		t.Up.Close()
-		return
+		return nil
 	}
 	conn := &bufferedConn{Conn: client, r: br}
+	if first[0] == recordTLSHandshake && t.Decision.TLS == policy.TLSPassthrough {
+		// Exempt from inspection, not from the connection's own checks:
+		// the caller relays it through the guard of every tunnel.
+		return conn
+	}
+	defer client.Close()
 	if first[0] != recordTLSHandshake {
 		in.serve(ctx, conn, t, "http")
-		return
-	}
-	if t.Decision.TLS == policy.TLSPassthrough {
-		// Exempt from inspection, not from the connection's own checks:
-		// the listener left the opening to be checked here.
-		if _, _, err := relay.Relay(gate.Guarded(conn, nil, t.Request, check), t.Up, 0); err != nil {
-			in.log().Debug("uninspected tunnel ended", "target", t.Request.Target(), "err", err)
-		}
-		return
+		return nil
 	}
 	tc, err := in.terminate(ctx, conn, t, check)
 	if err != nil {
 		in.handshakeFailed(t, err)
 		t.Up.Close()
-		return
+		return nil
 	}
 	in.serve(ctx, tc, t, "https")
+	return nil
 }
 
 // terminate completes the client's TLS handshake with a leaf for the host

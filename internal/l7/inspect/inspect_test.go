@@ -29,6 +29,8 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/decide"
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
+	"github.com/corral-sandbox/corral/internal/egress/gate"
+	"github.com/corral-sandbox/corral/internal/egress/relay"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/l7/inspect"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
@@ -263,7 +265,10 @@ func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 			h.live.Add(1)
 			wg.Go(func() {
 				defer h.live.Add(-1)
-				h.in.Inspect(ctx, conn, tun, h.check)
+				// The gate relays what the inspector hands back.
+				if raw := h.in.Inspect(ctx, conn, tun, h.check); raw != nil {
+					_, _, _ = relay.Relay(gate.Guarded(raw, nil, tun.Request, h.check), tun.Up, 0)
+				}
 			})
 		}
 	})
