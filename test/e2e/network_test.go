@@ -398,6 +398,11 @@ exit 1
 // either ends, and stops when told (the file "stop" appears) or after 20 s.
 const revokeScript = `import os, socket, sys, time
 conns = {h: socket.create_connection((h, 7000), timeout=5) for h in ("allowed.test", "other.test")}
+# An echo proves the tunnel is decided and carried, not just accepted by
+# the capture listener.
+for c in conns.values():
+    c.sendall(b"hello\n")
+    c.recv(64)
 print("OPEN", flush=True)
 ended = {}
 end = time.time() + 20
