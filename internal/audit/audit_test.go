@@ -561,3 +561,22 @@ func TestFanOutFeedsEverySink(t *testing.T) {
 		t.Errorf("events lost to a stuck sink were not counted: %q", got)
 	}
 }
+
+// TestStuckSinkDoesNotHangExit: a sink that never returns costs events,
+// not the sandbox's exit.
+func TestStuckSinkDoesNotHangExit(t *testing.T) {
+	stuck := &recordSink{hold: make(chan struct{})}
+	defer close(stuck.hold)
+	l, err := NewSink(stuck, WithQueueLen(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for range 3 {
+		l.Log(SandboxExitEvent{Code: 0})
+	}
+	_ = l.Close()
+	if took := time.Since(start); took > 3*lifecycleWait+closeWait+time.Second {
+		t.Fatalf("logging and closing with a stuck sink took %v", took)
+	}
+}

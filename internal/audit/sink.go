@@ -85,6 +85,13 @@ type sink struct {
 	closeErr  error
 }
 
+// How long a lifecycle event waits for room in the queue, and Close for
+// the writer to finish.
+const (
+	lifecycleWait = 2 * time.Second
+	closeWait     = 5 * time.Second
+)
+
 func newSink(out Sink, c config, async bool) *sink {
 	s := &sink{cfg: c, out: out}
 	s.lim = newLimiter(&s.cfg)
@@ -129,7 +136,15 @@ func (s *sink) put(r slog.Record, wait bool, now time.Time) {
 		return
 	}
 	if wait {
-		s.q <- r
+		// A sink stuck for good (a hung disk, a dead collector) must not
+		// hang the sandbox's start or exit: lifecycle events wait a while,
+		// then count as dropped like the rest.
+		select {
+		case s.q <- r:
+		case <-time.After(lifecycleWait):
+			s.dropSince.CompareAndSwap(0, now.UnixNano())
+			s.dropped.Add(1)
+		}
 		return
 	}
 	select {
@@ -209,7 +224,11 @@ func (s *sink) close() error {
 		}
 		s.mu.Unlock()
 		if s.q != nil {
-			<-s.done
+			select {
+			case <-s.done:
+			case <-time.After(closeWait):
+				slog.Default().Warn("audit: the audit sink did not take the last events in time; they are lost")
+			}
 		} else {
 			s.writeAll(s.lim.flush(s.cfg.now(), true))
 		}
