@@ -200,6 +200,13 @@ except Exception as e:
     print("ERROR", type(e).__name__, e)
 `
 
+// nodeGet fetches its last argument directly (node's http ignores the
+// proxy variables), printing the status and body.
+const nodeGet = `require("http").get(process.argv[process.argv.length - 1], r => {
+  let b = ""; r.on("data", d => b += d); r.on("end", () => console.log("STATUS", r.statusCode, b));
+}).on("error", e => console.log("ERROR", e.code));
+`
+
 const urlGet = `import sys, urllib.request, urllib.error
 h = [] if len(sys.argv) > 2 and sys.argv[2] == "proxy" else [urllib.request.ProxyHandler({})]
 try:
@@ -269,6 +276,12 @@ sec script_tool
 python3 ./tool.py http://tool.test$P/script-tool
 sec script_c
 python3 -c "$(cat urlget.py)" http://tool.test$P/script-c
+# The same with node: its script binds, and neither -e code nor a
+# process.title naming the script does.
+sec script_node
+node tool.js http://tool.test$P/script-node
+sec script_node_e
+node -e "process.title = 'node $W/tool.js'; $(cat tool.js)" http://tool.test$P/script-node-e
 
 # Allowed, but the upstream fails: the proxy says which way.
 sec fail_dns
@@ -838,6 +851,7 @@ func TestNetwork(t *testing.T) {
 				fx := newNetFixture(t)
 				writeOwned(t, m, filepath.Join(fx.W, "main.sh"), []byte(mainScript), 0o755)
 				writeOwned(t, m, filepath.Join(fx.W, "tool.py"), []byte(urlGet), 0o644)
+				writeOwned(t, m, filepath.Join(fx.W, "tool.js"), []byte(nodeGet), 0o644)
 				curl, err := os.ReadFile("/usr/bin/curl")
 				if err != nil {
 					t.Fatal(err)
@@ -875,11 +889,11 @@ func TestNetwork(t *testing.T) {
     binaries: [{path: /usr/bin/curl}]
   tool:
     endpoints: [{host: tool.test, port: 80}]
-    binaries: [{path: %s/tool.py}]
+    binaries: [{path: %s/tool.py}, {path: %s/tool.js}]
   mycurl:
     endpoints: [{host: mycurl.test, port: 80}]
     binaries: [{path: %s/mycurl}]
-`, loopPort, loopPort, fx.W, fx.W))
+`, loopPort, loopPort, fx.W, fx.W, fx.W))
 				start := time.Now()
 				r := runCorral(t, fx, runOpts{
 					args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "main.sh")},
@@ -970,6 +984,11 @@ func TestNetwork(t *testing.T) {
 					if !strings.Contains(fmt.Sprint(e["cmdline_paths"]), fx.W+"/tool.py") {
 						t.Errorf("allowed event for tool.py lacks its cmdline path: %v", e)
 					}
+				}
+				if _, err := exec.LookPath("node"); err == nil || noSkip() {
+					n.has("script_node", `STATUS 200 hello from tool\.test GET `+regexp.QuoteMeta(P)+`/script-node`)
+					n.has("script_node_e", `ERROR `)
+					n.hasNot("script_node_e", `STATUS 200`)
 				}
 				n.has("script_c", `ERROR `)
 				n.hasNot("script_c", `STATUS 200`)

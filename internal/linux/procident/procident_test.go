@@ -37,7 +37,8 @@ const (
 	targetEnv = "CORRAL_PROCIDENT_TEST_TARGET"
 	addrEnv   = "CORRAL_PROCIDENT_TEST_ADDR"
 	// mapEnv names a file the client maps executable before connecting,
-	// as a loaded library would be.
+	// as a loaded library would be; "memfd" maps an anonymous file made
+	// with memfd_create, as fileless loaders do.
 	mapEnv = "CORRAL_PROCIDENT_TEST_MAPX"
 )
 
@@ -69,7 +70,17 @@ func initMain() int {
 
 func clientMain() int {
 	if p := os.Getenv(mapEnv); p != "" {
-		f, err := os.Open(p)
+		var f *os.File
+		var err error
+		if p == "memfd" {
+			var fd int
+			if fd, err = unix.MemfdCreate("payload", 0); err == nil {
+				f = os.NewFile(uintptr(fd), "memfd")
+				err = f.Truncate(4096)
+			}
+		} else {
+			f, err = os.Open(p)
+		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "client:", err)
 			return 1
@@ -472,6 +483,7 @@ func TestIdentifyUntrusted(t *testing.T) {
 	}{
 		{"clean", "", ""},
 		{"library from a writable place", mapEnv + "=" + lib, "maps executable code from " + lib},
+		{"memfd", mapEnv + "=memfd", "runs code from a memfd"},
 		{"LD_PRELOAD", "LD_PRELOAD=:", "started with LD_PRELOAD"},
 		{"LD_AUDIT", "LD_AUDIT=:", "started with LD_AUDIT"},
 	} {
