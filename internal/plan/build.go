@@ -256,7 +256,7 @@ func (b *builder) mounts() error {
 	// bounded even where no cgroup charges its pages to the sandbox.
 	size := b.p.Limits.MemoryBytes()
 	mounts := []Mount{
-		{Kind: KindProc, Target: "/proc", Why: "fresh procfs for the sandbox's pid namespace"},
+		{Kind: KindProc, Target: "/proc", Why: "fresh procfs for the sandbox's pid namespace, read-only once set-up is done"},
 		{Kind: KindDev, Target: "/dev", SizeBytes: size, Why: "minimal devices: null zero full random urandom tty, private pts and shm"},
 	}
 	targets := map[string]bool{}

@@ -207,6 +207,7 @@ var escapes = []escape{
 		}},
 	{name: "ptrace-sibling", args: []string{"ptrace-sibling"}, wantErrno: "EPERM", control: controlAlways},
 	{name: "pidfd-getfd-sibling", args: []string{"pidfd-getfd-sibling"}, wantErrno: "EPERM", control: controlAlways},
+	{name: "proc-mem-sibling", args: []string{"proc-mem-sibling"}, wantErrno: "EROFS", control: controlAlways},
 	// Under the relaxed profile the same attach goes through: the EPERM
 	// above comes from the seccomp filter, not from something else.
 	{name: "ptrace-sibling-relaxed-seccomp", args: []string{"ptrace-sibling"}, policy: "version: 1\nseccomp: relaxed\n",

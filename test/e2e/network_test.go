@@ -182,17 +182,18 @@ globals()[sys.argv[1]](*sys.argv[2:])
 // urlGet is run as python3 -c (no script on the command line) and as the
 // script tool.py: GET argv[1], through the proxy variables when argv[2] is
 // "proxy", directly (transparent capture) otherwise.
-// rewriteArgv makes its own command line read "python3 TOOL" (through
-// /proc/self/mem, as any process may) and then fetches URL.
-const rewriteArgv = `import sys, urllib.request
+// rewriteArgv makes its own command line read "python3 TOOL" (writing the
+// argument area of its own memory, as any process may) and then fetches
+// URL.
+const rewriteArgv = `import ctypes, sys, urllib.request
 url, tool = sys.argv[1], sys.argv[2]
 stat = open("/proc/self/stat").read()
 fields = stat[stat.rindex(")") + 2:].split()
 start, end = int(fields[45]), int(fields[46])
 new = ("python3\0%s\0" % tool).encode()
-with open("/proc/self/mem", "r+b", buffering=0) as m:
-    m.seek(start)
-    m.write(new + b"\0" * (end - start - len(new)))
+ctypes.memmove(start, new + b"\0" * (end - start - len(new)), end - start)
+if ("\0%s\0" % tool).encode() not in open("/proc/self/cmdline", "rb").read():
+    print("REWRITE FAILED")
 try:
     r = urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10)
     print("STATUS", r.status, r.read().decode())
@@ -1016,6 +1017,7 @@ func TestNetwork(t *testing.T) {
 				// The rewrite itself worked; the command line recorded at
 				// exec is what counts.
 				n.has("borrow_rewrite", `ERROR `)
+				n.hasNot("borrow_rewrite", `REWRITE FAILED`)
 				if e := n.event("net.connect.denied", map[string]any{"host": "curlonly.test", "binary": "/usr/bin/curl", "reason": "binary_not_allowed"}); e != nil {
 					if !strings.Contains(fmt.Sprint(e["untrusted"]), fx.W+"/libz.so.1") {
 						t.Errorf("the preloaded curl's denial does not say why it is not curl: %v", e)

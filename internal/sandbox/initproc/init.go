@@ -84,6 +84,10 @@ func InitMain() int {
 		}
 	}
 
+	if err := readOnlyProc(); err != nil {
+		return fail(stepErr("make /proc read-only", err))
+	}
+
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, forwarded...)
 	chld := make(chan os.Signal, 16)

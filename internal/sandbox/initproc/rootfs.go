@@ -288,3 +288,14 @@ func pivot(dir string) error {
 	}
 	return nil
 }
+
+// readOnlyProc remounts the sandbox's /proc read-only once set-up no longer
+// writes to it. Its writable files would otherwise let one sandbox process
+// write another's memory through /proc/PID/mem — the permission check is
+// ptrace's, which a process of the same uid passes, and the ptrace syscall
+// being denied does not cover it — and so inject code into an allowed
+// binary. A read-only mount refuses every open for writing (EROFS); the
+// workload cannot remount it (no capabilities, mount denied by seccomp).
+func readOnlyProc() error {
+	return unix.Mount("", "/proc", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}

@@ -13,6 +13,25 @@ import (
 
 func init() {
 	attacks["pidfd-getfd-sibling"] = cmdPidfdGetfdSibling
+	attacks["proc-mem-sibling"] = cmdProcMemSibling
+}
+
+// cmdProcMemSibling opens another process's memory for writing through
+// /proc/PID/mem, which needs no ptrace syscall: code written there would
+// run as that process, an allowed binary, say.
+func cmdProcMemSibling([]string) int {
+	child := exec.Command("/proc/self/exe", "sleep", "30")
+	if err := child.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "start child:", err)
+		return exitUsage
+	}
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", child.Process.Pid), os.O_RDWR, 0)
+	if err != nil {
+		return blocked("open /proc/%d/mem for writing: %s", child.Process.Pid, errno(err))
+	}
+	f.Close()
+	return escaped("opened sibling %d's memory for writing", child.Process.Pid)
 }
 
 // cmdPidfdGetfdSibling takes a descriptor out of another process with
