@@ -24,8 +24,10 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/reload"
 	"github.com/corral-sandbox/corral/internal/sandbox"
 	"github.com/corral-sandbox/corral/internal/statedir"
+	"github.com/corral-sandbox/corral/internal/trace"
 )
 
 // Uncaged reasons in sandbox.start.uncaged events.
@@ -60,6 +62,7 @@ type runFlags struct {
 	upstreamDNS string
 	upstreamCA  []string
 	policyRules string
+	trace       bool
 }
 
 func newRunCmd() *cobra.Command {
@@ -121,6 +124,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.StringVar(&f.upstreamDNS, "upstream-dns", "", "resolver HOST:PORT the supervisor uses for allowed names in proxy mode (default: the host's)")
 	fl.StringArrayVar(&f.upstreamCA, "upstream-ca", nil, "PEM file of CA certificates trusted, besides the host's roots, for upstream servers of inspected (protocol: rest) connections (repeatable)")
 	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
+	fl.BoolVar(&f.trace, "trace", false, "print each start-up step and its duration to stderr (also: "+trace.Env+"=1)")
 	return cmd
 }
 
@@ -128,6 +132,11 @@ var sessionName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	setupFailed := func(err error) error { return &exitError{code: sandbox.ExitSetupFailed, err: err} }
+	var tr *trace.Tracer
+	if f.trace || os.Getenv(trace.Env) == "1" {
+		tr = trace.New(cmd.ErrOrStderr())
+	}
+	tr.Step("corral started (exec, Go runtime, flags)")
 	log, err := newLogger(cmd.ErrOrStderr(), f.logLevel)
 	if err != nil {
 		return setupFailed(err)
@@ -164,6 +173,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		return setupFailed(err)
 	}
 	defer sink.Close()
+	tr.Step("audit log opened")
 	id := newID()
 	aud := sink.For(id, f.session)
 
@@ -175,6 +185,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	for _, w := range pol.Warnings() {
 		log.Warn("policy: " + w.String())
 	}
+	tr.Step("policy loaded")
 
 	host := plan.LocalHost()
 	swept, err := sandbox.Sweep(state, host.Cgroups)
@@ -191,6 +202,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
 	}
+	tr.Step("stale state swept, plan built")
 	if len(pl.PathDropped) > 0 {
 		log.Debug("PATH entries that do not exist inside the sandbox are left out", "dropped", strings.Join(pl.PathDropped, string(filepath.ListSeparator)))
 	}
@@ -214,28 +226,41 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		// walltime in force, not the policy's.
 		pl.Limits.WalltimeMS = walltime.Milliseconds()
 	}
-	masked, err := secrets.Load(pol.Secrets, os.Getenv)
+	compiled, err := pol.Compile()
+	if err != nil {
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+		return setupFailed(fmt.Errorf("compile policy: %w", err))
+	}
+	masked, err := secrets.Load(compiled.Secrets, os.Getenv)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(fmt.Errorf("load secrets: %w", err))
 	}
+	tr.Step("policy compiled, secrets loaded")
 	var eg *assemble.Egress
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(pol, pl, masked, f, id, aud, log)
+		eg, err = newEgress(compiled, pl, masked, f, id, aud, log)
 		if err != nil {
 			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 			return setupFailed(err)
 		}
+		tr.Step("egress prepared (decision engine incl. OPA, sandbox CA)")
 	} else if masked.Len() > 0 {
 		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
 			"secrets", masked.Names())
+	}
+	var policies *reload.Reloader
+	if eg != nil {
+		policies = eg.Policy()
+	} else if policies, err = reload.New(compiled, nil, aud, log); err != nil {
+		return setupFailed(err)
 	}
 	env := masked.ScrubEnv(workloadEnv(os.Environ(), pl, uncaged != "", slices.Concat(masked.Env(), extraEnv)))
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
-		Audit: aud, Log: log, PolicySHA: pol.SHA256(), Policy: pol, UncagedReason: uncaged, Egress: eg,
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		Audit: aud, Log: log, PolicySHA: compiled.SHA256, Policy: policies, UncagedReason: uncaged, Egress: eg,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr,
 	})
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}
@@ -309,7 +334,7 @@ func safeEnv(key string) bool {
 
 // newEgress checks proxy mode's flags and hands what they say, with the
 // policy, the plan's limits and the secrets, to the egress assembly.
-func newEgress(p *policy.Policy, pl *plan.Plan, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
+func newEgress(p *policy.Compiled, pl *plan.Plan, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
 	var rules []byte
 	if f.policyRules != "" {
 		var err error

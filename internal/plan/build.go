@@ -207,14 +207,17 @@ func (b *builder) network() error {
 	}
 	b.pl.Namespaces = ns
 	if mode == policy.ModeProxy {
-		nps := b.p.EffectiveNetworkPolicies()
-		for _, name := range slices.Sorted(maps.Keys(nps)) {
-			for _, e := range nps[name].Endpoints {
-				if e.Protocol != "" && e.TLS != policy.TLSPassthrough && e.TLS != policy.TLSSkip {
+		c, err := b.p.Compile()
+		if err != nil {
+			return err
+		}
+		for _, g := range c.Grants {
+			for _, t := range g.Targets {
+				if t.Protocol != "" && t.TLS != policy.TLSPassthrough && t.TLS != policy.TLSSkip {
 					continue
 				}
-				for _, port := range e.PortList() {
-					b.pl.Network.Uninspected = append(b.pl.Network.Uninspected, fmt.Sprintf("%s:%d", e.Host, port))
+				for _, port := range t.Ports {
+					b.pl.Network.Uninspected = append(b.pl.Network.Uninspected, fmt.Sprintf("%s:%d", t.Host.Host, port))
 				}
 			}
 		}

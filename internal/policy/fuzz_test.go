@@ -31,7 +31,9 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("valid policy cannot be hashed")
 		}
 		_ = p.Warnings()
-		_ = p.EffectiveNetworkPolicies()
+		if _, err := p.Compile(); err != nil {
+			t.Fatalf("a policy that validates does not compile: %v", err)
+		}
 		// What we accept must survive a YAML round trip unchanged.
 		out, err := yaml.Marshal(p)
 		if err != nil {

@@ -8,27 +8,6 @@ import (
 	"strings"
 )
 
-// EffectiveNetworkPolicies returns network_policies plus, when network.allow
-// is non-empty, a policy named AllowPolicyName with one endpoint per
-// short-form entry and no binaries (so any binary may use it). Entries that
-// do not parse are skipped; Validate reports them.
-func (p *Policy) EffectiveNetworkPolicies() map[string]NetworkPolicy {
-	out := make(map[string]NetworkPolicy, len(p.NetworkPolicies)+1)
-	for k, v := range p.NetworkPolicies {
-		out[k] = v
-	}
-	var eps []Endpoint
-	for _, s := range p.Network.Allow {
-		if ep, msg, _ := parseAllow(s); msg == "" {
-			eps = append(eps, ep)
-		}
-	}
-	if len(eps) > 0 {
-		out[AllowPolicyName] = NetworkPolicy{Name: AllowPolicyName, Endpoints: eps}
-	}
-	return out
-}
-
 // ParseAllowEntry parses one network.allow entry: "host[:port]",
 // "ip[:port]", "cidr[:port]" or "[ipv6-or-cidr]:port". The port defaults to
 // DefaultAllowPort (443) for every form, so plain-HTTP or database access

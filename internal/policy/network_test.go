@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -54,36 +56,42 @@ func TestNetworkAllowValidation(t *testing.T) {
 	}
 }
 
-func TestEffectiveNetworkPolicies(t *testing.T) {
+// The short form compiles into a grant for any binary, beside the named
+// policies, ordered by name.
+func TestCompileShortForm(t *testing.T) {
 	p := mustParse(t, `version: 1
 network:
   allow: ["api.github.com:443", "*.pypi.org", "10.1.0.0/16:5432"]
 network_policies:
   git:
     endpoints: [{host: github.com, port: 22}]
-    binaries: [{path: /usr/bin/ssh}]
+    binaries: [{path: /nonexistent/ssh}]
 `)
-	got := p.EffectiveNetworkPolicies()
-	want := map[string]NetworkPolicy{
-		"git": p.NetworkPolicies["git"],
-		AllowPolicyName: {
-			Name: AllowPolicyName,
-			Endpoints: []Endpoint{
-				{Host: "api.github.com", Port: 443},
-				{Host: "*.pypi.org", Port: 443},
-				{AllowedIPs: []string{"10.1.0.0/16"}, Port: 5432},
-			},
-		},
+	c, err := p.Compile()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("EffectiveNetworkPolicies() =\n%+v\nwant\n%+v", got, want)
+	if len(c.Grants) != 2 || c.Grants[0].Key != "git" || c.Grants[1].Key != AllowPolicyName {
+		t.Fatalf("grants %+v, want git then %s", c.Grants, AllowPolicyName)
+	}
+	git, allow := c.Grants[0], c.Grants[1]
+	if !slices.Equal(git.Binaries, []string{"/nonexistent/ssh"}) || git.Targets[0].Host.Host != "github.com" || !slices.Equal(git.Targets[0].Ports, []int{22}) {
+		t.Errorf("git grant %+v", git)
+	}
+	var got []string
+	for _, tg := range allow.Targets {
+		got = append(got, fmt.Sprintf("%s%v%v", tg.Host.Host, tg.Prefixes, tg.Ports))
+	}
+	want := []string{"api.github.com[][443]", "*.pypi.org[][443]", "[10.1.0.0/16][5432]"}
+	if allow.Name != AllowPolicyName || len(allow.Binaries) != 0 || !slices.Equal(got, want) {
+		t.Errorf("short form compiled to %q (binaries %v), want %q for any binary", got, allow.Binaries, want)
 	}
 	if _, ok := p.NetworkPolicies[AllowPolicyName]; ok {
-		t.Errorf("EffectiveNetworkPolicies modified the policy")
+		t.Errorf("Compile modified the policy")
 	}
-
-	if got := mustParse(t, "version: 1\n").EffectiveNetworkPolicies(); len(got) != 0 {
-		t.Errorf("empty policy expands to %v", got)
+	empty, err := mustParse(t, "version: 1\n").Compile()
+	if err != nil || len(empty.Grants) != 0 {
+		t.Errorf("empty policy compiles to %+v, %v", empty, err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"net/textproto"
@@ -78,7 +77,9 @@ func checkSecrets(p *Policy, r *report) {
 	}
 	keys := slices.Sorted(maps.Keys(p.Secrets))
 	for _, key := range keys {
-		checkSecret(r, joinPath("secrets", key), key, p.Secrets[key])
+		if scope, ok := checkSecret(r, joinPath("secrets", key), key, p.Secrets[key]); ok {
+			r.compiled.Secrets = append(r.compiled.Secrets, scope)
+		}
 	}
 	// The swap happens in the proxy, on requests it has decrypted; where
 	// traffic bypasses it the workload is left holding a useless surrogate.
@@ -96,7 +97,7 @@ func checkSecrets(p *Policy, r *report) {
 			"network mode block leaves no network, so no secret can ever be used")
 		return
 	}
-	eps := swappingEndpoints(p)
+	eps := swappingHosts(r.compiled)
 	for _, key := range keys {
 		for i, h := range p.Secrets[key].Hosts {
 			if msg, _ := checkHost(h); msg != "" {
@@ -116,24 +117,26 @@ func checkSecrets(p *Policy, r *report) {
 	}
 }
 
-// CheckSecret validates one secrets entry on its own, as validation does:
-// the proxy's loader calls it so that an entry reaching it by any path is
-// held to the same rules.
-func CheckSecret(name string, s Secret) error {
+// CompileSecret validates one secrets entry on its own, as validation
+// does, and returns its scope: for callers holding a secret outside a
+// policy (tests, a gateway's store).
+func CompileSecret(name string, s Secret) (SecretScope, error) {
 	r := &report{}
-	checkSecret(r, joinPath("secrets", name), name, s)
-	errs := make([]error, len(r.errs))
-	for i, p := range r.errs {
-		errs[i] = errors.New(p.String())
+	scope, ok := checkSecret(r, joinPath("secrets", name), name, s)
+	if !ok {
+		return SecretScope{}, &ValidationError{Problems: r.errs}
 	}
-	return errors.Join(errs...)
+	return scope, nil
 }
 
 // SecretHeaders are the headers a secret is swapped in, canonical, with
 // the default when none are listed.
 func SecretHeaders(s Secret) []string { return secretHeaders(s.Headers) }
 
-func checkSecret(r *report, at, key string, s Secret) {
+// checkSecret validates one secret and, when it is valid, returns its
+// compiled scope.
+func checkSecret(r *report, at, key string, s Secret) (SecretScope, bool) {
+	before := len(r.errs)
 	switch {
 	case !envName.MatchString(key):
 		r.errorf(at, "use letters, digits and underscores, not starting with a digit, e.g. GITHUB_TOKEN",
@@ -177,21 +180,30 @@ func checkSecret(r *report, at, key string, s Secret) {
 				"%s is a hop-by-hop or framing header, which the proxy does not pass through unchanged", textproto.CanonicalMIMEHeaderKey(h))
 		}
 	}
+	if len(r.errs) > before {
+		return SecretScope{}, false
+	}
+	scope := SecretScope{Name: key, Source: Secret{FromEnv: s.FromEnv, FromFile: s.FromFile}, Headers: secretHeaders(s.Headers)}
+	for _, h := range s.Hosts {
+		pat, err := hostpattern.Compile(h)
+		if err != nil {
+			r.errorf(at, "report this policy to corral's developers: validation accepted what the compiler refuses", "%v", err)
+			return SecretScope{}, false
+		}
+		scope.Hosts = append(scope.Hosts, pat)
+	}
+	return scope, true
 }
 
-// swappingEndpoints returns the host patterns of the endpoints whose
-// requests the proxy decrypts and parses: protocol rest with TLS
-// terminated, or unset (terminated when the client speaks TLS, plain HTTP
-// read as is).
-func swappingEndpoints(p *Policy) []hostpattern.Pattern {
+// swappingHosts returns the host patterns of the targets whose requests
+// the proxy decrypts and parses: protocol rest with TLS terminated, or
+// unset (terminated when the client speaks TLS, plain HTTP read as is).
+func swappingHosts(c *Compiled) []hostpattern.Pattern {
 	var out []hostpattern.Pattern
-	for _, np := range p.EffectiveNetworkPolicies() {
-		for _, ep := range np.Endpoints {
-			if ep.Host == "" || ep.Protocol != ProtocolREST || ep.TLS == TLSPassthrough || ep.TLS == TLSSkip {
-				continue
-			}
-			if pat, err := hostpattern.Compile(ep.Host); err == nil {
-				out = append(out, pat)
+	for _, g := range c.Grants {
+		for _, t := range g.Targets {
+			if t.Host.Host != "" && t.Protocol == ProtocolREST && t.TLS != TLSPassthrough && t.TLS != TLSSkip {
+				out = append(out, t.Host)
 			}
 		}
 	}

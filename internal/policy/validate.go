@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -61,6 +62,8 @@ func (p *Policy) Warnings() []Problem {
 
 type report struct {
 	errs, warns []Problem
+	// compiled collects what the network and secrets checks parsed.
+	compiled *Compiled
 }
 
 func (r *report) errorf(path, fix, format string, args ...any) {
@@ -72,12 +75,18 @@ func (r *report) warnf(path, fix, format string, args ...any) {
 }
 
 // checks run in order; each appends to the report and none stops the others.
-var checks = []func(p *Policy, r *report){
+var checks = slices.Concat([]func(p *Policy, r *report){
 	checkVersion,
 	checkEnums,
 	checkFilesystem,
 	checkProcess,
 	checkLimits,
+}, compiledChecks)
+
+// compiledChecks validate the sections that Compile compiles, filling in
+// the report's Compiled as they go; secrets come last, as they read the
+// compiled endpoints.
+var compiledChecks = []func(p *Policy, r *report){
 	checkNetworkMode,
 	checkNetworkPolicies,
 	checkNetworkAllow,
@@ -85,7 +94,7 @@ var checks = []func(p *Policy, r *report){
 }
 
 func (p *Policy) check() *report {
-	r := &report{}
+	r := &report{compiled: &Compiled{Policy: p}}
 	for _, c := range checks {
 		c(p, r)
 	}
@@ -317,21 +326,51 @@ func checkNetworkPolicies(p *Policy, r *report) {
 		if len(np.Endpoints) == 0 {
 			r.warnf(at, "add endpoints or remove the policy", "no endpoints, so the policy allows nothing")
 		}
+		g := Grant{Key: key, Name: cmp.Or(np.Name, key)}
 		for i, ep := range np.Endpoints {
-			checkEndpoint(r, fmt.Sprintf("%s.endpoints[%d]", at, i), ep)
+			g.Targets = checkEndpoint(r, g.Targets, i, fmt.Sprintf("%s.endpoints[%d]", at, i), ep)
 		}
 		for i, b := range np.Binaries {
 			bat := fmt.Sprintf("%s.binaries[%d].path", at, i)
 			if b.Path == "" {
 				r.errorf(bat, "give an absolute path or glob such as /usr/bin/curl", "missing")
-			} else if msg, fix := checkPath(b.Path); msg != "" {
+				continue
+			}
+			if msg, fix := checkPath(b.Path); msg != "" {
 				r.errorf(bat, fix, "%s", msg)
+				continue
+			}
+			paths, err := binaryPaths(b.Path)
+			if err != nil {
+				r.errorf(bat, "use * to match within a path segment and ** across segments", "%v", err)
+			}
+			for _, s := range paths {
+				if !slices.Contains(g.Binaries, s) {
+					g.Binaries = append(g.Binaries, s)
+				}
 			}
 		}
+		r.compileGrant(g)
 	}
 }
 
-func checkEndpoint(r *report, at string, ep Endpoint) {
+// checkEndpoint validates the endpoint and, when it is valid, appends its
+// compiled form to targets.
+func checkEndpoint(r *report, targets []Target, i int, at string, ep Endpoint) []Target {
+	before := len(r.errs)
+	checkEndpointFields(r, at, ep)
+	if len(r.errs) > before {
+		return targets
+	}
+	t, err := compileTarget(i, at, ep)
+	if err != nil {
+		r.errorf(at, "report this policy to corral's developers: validation accepted what the compiler refuses", "%v", err)
+		return targets
+	}
+	return append(targets, t)
+}
+
+func checkEndpointFields(r *report, at string, ep Endpoint) {
 	if ep.Host == "" && len(ep.AllowedIPs) == 0 {
 		r.errorf(at, `add host: api.example.com or allowed_ips: ["10.0.0.0/8"]`, "needs host or allowed_ips")
 	}
@@ -420,11 +459,21 @@ func checkMatch(r *report, at string, m L7Match) {
 	checkQuery(r, at+".query", m.Query)
 }
 
+// checkNetworkAllow validates the short form and compiles it into a grant
+// for any binary, named AllowPolicyName.
 func checkNetworkAllow(p *Policy, r *report) {
+	g := Grant{Key: AllowPolicyName, Name: AllowPolicyName}
 	for i, s := range p.Network.Allow {
-		if _, msg, fix := parseAllow(s); msg != "" {
-			r.errorf(fmt.Sprintf("network.allow[%d]", i), fix, "%s", msg)
+		at := fmt.Sprintf("network.allow[%d]", i)
+		ep, msg, fix := parseAllow(s)
+		if msg != "" {
+			r.errorf(at, fix, "%s", msg)
+			continue
 		}
+		g.Targets = checkEndpoint(r, g.Targets, len(g.Targets), at, ep)
+	}
+	if len(g.Targets) > 0 {
+		r.compileGrant(g)
 	}
 }
 

@@ -26,7 +26,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
 	"github.com/corral-sandbox/corral/internal/plan"
-	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/reload"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
@@ -59,13 +59,14 @@ type Options struct {
 	StateDir    string
 	Cgroups     cgroup.Facts
 	Walltime    time.Duration
-	// Policy is the policy the plan was built from; reloads start from it.
-	Policy    *policy.Policy
+	// Policy holds the policy in force, starting with the one the plan
+	// was built from; control's policy set reloads it.
+	Policy    *reload.Reloader
 	Audit     *audit.Logger
 	Log       *slog.Logger
 	PolicySHA string
 	// Egress is set in proxy mode: built before the sandbox starts, served
-	// on the listeners its init opens, and reloaded with the policy.
+	// on the listeners its init opens; its Policy is Policy.
 	Egress *assemble.Egress
 	// UncagedReason is set when the command runs without a sandbox.
 	UncagedReason string
@@ -87,10 +88,6 @@ func Run(ctx context.Context, o Options) (int, error) {
 	var stop func()
 	s.sigs, stop = catchSignals()
 	defer stop()
-	s.pol = policyState{current: o.Policy, version: 1}
-	if o.Egress != nil {
-		s.pol.target = o.Egress
-	}
 	return s.run(ctx)
 }
 
@@ -101,7 +98,6 @@ type supervisor struct {
 	run_  *runDir
 	cg    *cgroup.Cgroup
 	cmd   *exec.Cmd
-	pol   policyState
 	sigs  <-chan os.Signal
 	// socketKill holds the bytes over the limit when watchSocketMemory
 	// killed the sandbox; 0 otherwise.

@@ -33,13 +33,14 @@ import (
 	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/reload"
 )
 
 // Config is what an egress is built from.
 type Config struct {
 	// ID names the sandbox; its CA carries it.
 	ID     string
-	Policy *policy.Policy
+	Policy *policy.Compiled
 	// Rules replace the built-in decision rules (--policy-rules); nil
 	// keeps them.
 	Rules []byte
@@ -59,26 +60,22 @@ type Config struct {
 }
 
 // Egress is one sandbox's egress: built by New, served by Start, and
-// reloaded by Swap.
+// reloaded through its Policy.
 type Egress struct {
-	cfg     Config
-	engine  *decide.Engine
-	ca      *ca.CA
-	system  []byte // what the host trusts (ca.HostTrust)
-	secrets *secrets.Live
-	// gate carries the open connections once Start has run; Swap
+	cfg    Config
+	ca     *ca.CA
+	system []byte // what the host trusts (ca.HostTrust)
+	policy *reload.Reloader
+	// gate carries the open connections once Start has run; a reload
 	// re-decides them.
 	gate atomic.Pointer[gate.Gate]
 }
 
-// New compiles the policy and creates the sandbox's CA. Nothing runs yet.
+// New prepares the policy's decisions and creates the sandbox's CA.
+// Nothing runs yet.
 func New(c Config) (*Egress, error) {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
-	}
-	engine, err := decide.New(c.Policy, c.Rules)
-	if err != nil {
-		return nil, fmt.Errorf("compile network policy: %w", err)
 	}
 	authority, err := ca.New(c.ID, 0, 0)
 	if err != nil {
@@ -91,7 +88,42 @@ func New(c Config) (*Egress, error) {
 	for _, w := range warnings {
 		c.Log.Warn(w)
 	}
-	return &Egress{cfg: c, engine: engine, ca: authority, system: system, secrets: secrets.NewLive(c.Secrets)}, nil
+	e := &Egress{cfg: c, ca: authority, system: system}
+	if e.policy, err = reload.New(c.Policy, e.build, c.Audit, c.Log); err != nil {
+		return nil, fmt.Errorf("compile network policy: %w", err)
+	}
+	e.policy.OnSwap(e.revoke)
+	return e, nil
+}
+
+// Policy is the sandbox's policy in force; its Set reloads this egress.
+func (e *Egress) Policy() *reload.Reloader { return e.policy }
+
+// build makes a policy version's decisions and secrets: the secrets loaded
+// at start, and from then on the same values under the new scopes, worked
+// out before anything is put in force, so a policy takes effect whole or
+// not at all.
+func (e *Egress) build(c *policy.Compiled, prev *reload.Snapshot) (reload.Decider, *secrets.Set, error) {
+	engine, err := decide.New(c, e.cfg.Rules)
+	if err != nil {
+		return nil, nil, err
+	}
+	if prev == nil {
+		return engine, e.cfg.Secrets, nil
+	}
+	scoped, err := prev.Secrets.Rescope(c.Secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	return engine, scoped, nil
+}
+
+// revoke decides the open connections again under the policy just put in
+// force.
+func (e *Egress) revoke(ctx context.Context) {
+	if g := e.gate.Load(); g != nil {
+		g.Revoke(ctx)
+	}
 }
 
 // TrustFiles returns, by file name, what the plan mounts where the
@@ -108,24 +140,6 @@ func (e *Egress) TrustFiles() (map[string][]byte, error) {
 		"ca-bundle.pem":  bundle,
 		"truststore.p12": store,
 	}, nil
-}
-
-// Swap puts p in force: the decision engine and the secrets' scopes change
-// together, the new scopes worked out first, so a policy takes effect whole
-// or not at all. Then the open connections are decided again. It leaves
-// the old policy in force when it returns an error.
-func (e *Egress) Swap(p *policy.Policy) error {
-	scoped, err := e.secrets.Load().Rescope(p.Secrets)
-	if err != nil {
-		return err
-	}
-	if err := e.secrets.Reload(func() error { return e.engine.Swap(p) }, scoped); err != nil {
-		return err
-	}
-	if g := e.gate.Load(); g != nil {
-		g.Revoke(context.Background())
-	}
-	return nil
 }
 
 // Sandbox is what the running sandbox gives its egress.
@@ -147,11 +161,11 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 	pool := dns.NewPool(netclass.SyntheticPrefix)
 	dial := dialer.New(c.UpstreamDNS)
 	g := &gate.Gate{
-		Decider:    e.engine,
+		Decider:    e.policy,
 		Dialer:     dial,
 		Identifier: &procident.Resolver{InitPID: sb.InitPID, Execs: sb.Execs},
 		Inspector: &inspect.Inspector{
-			Decider: e.engine, CA: e.ca, Secrets: e.secrets, Dialer: dial,
+			Policy: e.policy, CA: e.ca, Dialer: dial,
 			RootCAs: c.UpstreamRoots, Audit: c.Audit, Log: c.Log,
 		},
 		Audit: c.Audit,
@@ -161,7 +175,7 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 		Admission: gate.NewAdmission(int(c.Limits.Connections), c.Audit, c.Log),
 	}
 	e.gate.Store(g)
-	resolver := &dns.Server{Decider: e.engine, Audit: c.Audit, Log: c.Log, Pool: pool}
+	resolver := &dns.Server{Decider: e.policy, Audit: c.Audit, Log: c.Log, Pool: pool}
 	idle := time.Duration(c.Limits.TunnelIdleMS) * time.Millisecond
 	tp := &transparent.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
 	hp := &httpproxy.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}

@@ -26,7 +26,11 @@ func allowing(host string) *policy.Policy {
 
 func newEgress(t *testing.T, p *policy.Policy, log *egresstest.AuditBuffer) *Egress {
 	t.Helper()
-	e, err := New(Config{ID: "test", Policy: p, Audit: audit.New(log)})
+	c, err := p.Compile()
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	e, err := New(Config{ID: "test", Policy: c, Audit: audit.New(log)})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -39,17 +43,22 @@ func TestSwapWholeOrNothing(t *testing.T) {
 	e := newEgress(t, allowing("a.example.com"), &egresstest.AuditBuffer{})
 	req := egress.Request{Host: "a.example.com", Port: 443}
 	withSecret := allowing("b.example.com")
+	withSecret.NetworkPolicies["p"].Endpoints[0].Protocol = policy.ProtocolREST
+	withSecret.NetworkPolicies["p"].Endpoints[0].Access = policy.AccessFull
 	withSecret.Secrets = map[string]policy.Secret{"TOKEN": {FromEnv: "TOKEN", Hosts: []string{"b.example.com"}}}
-	if err := e.Swap(withSecret); err == nil {
+	if _, err := withSecret.Compile(); err != nil {
+		t.Fatalf("the policy must be valid for the test to reach the secrets: %v", err)
+	}
+	if err := e.Policy().Apply(withSecret, "secret.yaml"); err == nil {
 		t.Fatal("a reload adding a secret to a running sandbox was accepted")
 	}
-	if d := e.engine.Decide(context.Background(), req); !d.Allow {
+	if d := e.Policy().Decide(context.Background(), req); !d.Allow {
 		t.Fatalf("after a refused reload a.example.com is denied (%s): the reload took effect in part", d.Reason)
 	}
-	if err := e.Swap(allowing("b.example.com")); err != nil {
-		t.Fatalf("Swap: %v", err)
+	if err := e.Policy().Apply(allowing("b.example.com"), "b.yaml"); err != nil {
+		t.Fatalf("Apply: %v", err)
 	}
-	if d := e.engine.Decide(context.Background(), req); d.Allow {
+	if d := e.Policy().Decide(context.Background(), req); d.Allow {
 		t.Fatal("a.example.com is still allowed after a reload that removed it")
 	}
 }

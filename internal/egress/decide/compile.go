@@ -5,39 +5,26 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 
-	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
 
-// endpoint is one endpoint as the Go index sees it.
+// endpoint is one compiled target as the Go index sees it.
 type endpoint struct {
 	// rank orders endpoints by policy name, key and index, the order the
 	// rules see candidates in.
 	rank     int
-	ports    []int
-	re       *regexp.Regexp // wildcard host patterns only
-	prefixes []netip.Prefix
+	grant    *policy.Grant
+	binaries *binaryMatcher // the grant's
+	target   *policy.Target
 	// term is the endpoint's candidate object, built once and shared by
 	// every input that names it.
 	term *ast.Term
-	// key and name are the endpoint's policy's; protocol and tls its L7
-	// settings.
-	key, name, protocol, tls string
-	encodedSlash             bool
-	// pathRule names the endpoint's first selector or rule that depends
-	// on how the path splits into segments; where there is none, an
-	// encoded slash cannot move a request past a rule.
-	pathRule string
-	// l7 matches requests for endpoints with a protocol.
-	l7 *l7Matcher
 }
 
 func byRank(a, b *endpoint) int { return a.rank - b.rank }
@@ -49,8 +36,9 @@ type state struct {
 	decision    rego.PreparedEvalQuery
 	nameAllowed *rego.PreparedEvalQuery // nil: the rules do not define it
 	request     *rego.PreparedEvalQuery // nil: the rules do not define it
-	// memo remembers request decisions; nil for user rules.
-	memo *requestMemo
+	// native is set for the baked-in rules, which are evaluated in Go
+	// (native.go); OPA evaluates a user's rules.
+	native bool
 	// inspects is set when some endpoint has a protocol.
 	inspects bool
 
@@ -68,15 +56,20 @@ var (
 	unsafeBuiltins = map[string]struct{}{"http.send": {}, "net.lookup_ip_addr": {}}
 )
 
-func build(p *policy.Policy, rules []byte) (*state, error) {
+func build(c *policy.Compiled, rules []byte) (*state, error) {
 	st := &state{
 		exact:    map[string][]*endpoint{},
 		oneLabel: map[string][]*endpoint{},
 		anyDepth: map[string][]*endpoint{},
+		inspects: c.Inspects,
+		native:   slices.Equal(rules, bakedRules),
 	}
-	data, err := st.index(p.EffectiveNetworkPolicies())
+	data, err := st.index(c)
 	if err != nil {
 		return nil, err
+	}
+	if st.native {
+		return st, nil
 	}
 	mod, err := ast.ParseModuleWithOpts("policy.rego", string(rules), ast.ParserOptions{RegoVersion: ast.RegoV1})
 	if err != nil {
@@ -110,9 +103,6 @@ func build(p *policy.Policy, rules []byte) (*state, error) {
 			return nil, err
 		}
 		st.request = &q
-		if slices.Equal(rules, bakedRules) {
-			st.memo = newRequestMemo()
-		}
 	} else if st.inspects {
 		return nil, errors.New("policy rules: the policy has protocol: rest endpoints but the rules define no request_decision; copy it from the baked-in rules (corral policy rules shows them)")
 	}
@@ -135,311 +125,99 @@ func definesRule(mod *ast.Module, name string) bool {
 	return false
 }
 
-// index fills the Go index and returns the data document, both from the
-// same normalised endpoints so that they cannot disagree.
-func (st *state) index(nps map[string]policy.NetworkPolicy) (*ast.Term, error) {
-	type named struct{ key, name string }
-	order := make([]named, 0, len(nps))
-	for k, np := range nps {
-		name := np.Name
-		if name == "" {
-			name = k
-		}
-		order = append(order, named{k, name})
-	}
-	slices.SortFunc(order, func(a, b named) int {
-		if c := strings.Compare(a.name, b.name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.key, b.key)
-	})
-	out := ast.NewObjectWithCapacity(len(order))
+// index fills the Go index and, for rules evaluated by OPA, returns the
+// data document, both from the same compiled targets so that they cannot
+// disagree. The grants arrive in rank order (name, then key).
+func (st *state) index(c *policy.Compiled) (*ast.Term, error) {
+	out := ast.NewObjectWithCapacity(len(c.Grants))
 	rank := 0
-	for _, n := range order {
-		np := nps[n.key]
-		eps := make([]*ast.Term, len(np.Endpoints))
-		for i, ep := range np.Endpoints {
-			t, err := st.endpoint(n.key, n.name, i, rank, ep)
-			if err != nil {
-				return nil, fmt.Errorf("network_policies.%s.endpoints[%d]: %w", n.key, i, err)
-			}
-			eps[i] = t
+	for gi := range c.Grants {
+		g := &c.Grants[gi]
+		bins, err := newBinaryMatcher(g.Binaries)
+		if err != nil {
+			return nil, fmt.Errorf("network_policies.%s.binaries: %w", g.Key, err)
+		}
+		eps := make([]*ast.Term, len(g.Targets))
+		for i := range g.Targets {
+			eps[i] = st.endpoint(g, bins, &g.Targets[i], rank)
 			rank++
 		}
-		var bins []*ast.Term
-		seen := map[string]bool{}
-		for i, b := range np.Binaries {
-			paths, err := binaryPaths(b.Path)
-			if err != nil {
-				return nil, fmt.Errorf("network_policies.%s.binaries[%d]: %w", n.key, i, err)
-			}
-			for _, s := range paths {
-				if !seen[s] {
-					seen[s] = true
-					bins = append(bins, ast.StringTerm(s))
-				}
-			}
+		if st.native {
+			continue
 		}
-		out.Insert(ast.StringTerm(n.key), ast.ObjectTerm(
-			[2]*ast.Term{ast.StringTerm("name"), ast.StringTerm(n.name)},
+		out.Insert(ast.StringTerm(g.Key), ast.ObjectTerm(
+			[2]*ast.Term{ast.StringTerm("name"), ast.StringTerm(g.Name)},
 			[2]*ast.Term{ast.StringTerm("endpoints"), ast.ArrayTerm(eps...)},
-			[2]*ast.Term{ast.StringTerm("binaries"), ast.ArrayTerm(bins...)},
+			[2]*ast.Term{ast.StringTerm("binaries"), ast.ArrayTerm(stringTerms(g.Binaries)...)},
 		))
 	}
 	return ast.NewTerm(out), nil
 }
 
-func (st *state) endpoint(key, name string, i, rank int, ep policy.Endpoint) (*ast.Term, error) {
-	var matcher *l7Matcher
-	if ep.Protocol != "" {
-		st.inspects = true
-		var err error
-		if matcher, err = compileL7(ep); err != nil {
-			return nil, err
-		}
+// endpoint indexes one target and, for OPA, returns its object in the
+// data document.
+func (st *state) endpoint(g *policy.Grant, bins *binaryMatcher, t *policy.Target, rank int) *ast.Term {
+	e := &endpoint{rank: rank, grant: g, binaries: bins, target: t}
+	switch pat := t.Host; {
+	case pat.Host == "":
+	case !pat.Wildcard():
+		st.exact[pat.Host] = append(st.exact[pat.Host], e)
+	case pat.AnyDepth:
+		st.anyDepth[pat.Rest] = append(st.anyDepth[pat.Rest], e)
+	default:
+		st.oneLabel[pat.Rest] = append(st.oneLabel[pat.Rest], e)
 	}
-	e := &endpoint{
-		rank:         rank,
-		ports:        ep.PortList(),
-		key:          key,
-		name:         name,
-		protocol:     ep.Protocol,
-		tls:          ep.TLS,
-		encodedSlash: ep.AllowEncodedSlash,
-		pathRule:     pathRule(key, i, ep),
-		l7:           matcher,
-		term: ast.ObjectTerm(
-			[2]*ast.Term{keyPolicy, ast.StringTerm(key)},
-			[2]*ast.Term{keyEndpoint, ast.IntNumberTerm(i)},
-		),
-	}
-	host, hostRegex := "", ""
-	if ep.Host != "" {
-		pat, err := hostpattern.Compile(ep.Host)
-		if err != nil {
-			return nil, err
-		}
-		host, hostRegex = pat.Host, pat.Regexp.String()
-		switch {
-		case !pat.Wildcard():
-			st.exact[pat.Host] = append(st.exact[pat.Host], e)
-		case pat.AnyDepth:
-			e.re = pat.Regexp
-			st.anyDepth[pat.Rest] = append(st.anyDepth[pat.Rest], e)
-		default:
-			e.re = pat.Regexp
-			st.oneLabel[pat.Rest] = append(st.oneLabel[pat.Rest], e)
-		}
-	}
-	cidrs := make([]*ast.Term, 0, len(ep.AllowedIPs))
-	for _, s := range ep.AllowedIPs {
-		pfx, err := parsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("allowed_ips: %w", err)
-		}
-		e.prefixes = append(e.prefixes, pfx)
-		cidrs = append(cidrs, ast.StringTerm(pfx.String()))
-	}
-	if len(e.prefixes) > 0 {
+	if len(t.Prefixes) > 0 {
 		st.byIP = append(st.byIP, e)
 	}
-	ports := make([]*ast.Term, 0, len(e.ports))
-	for _, n := range e.ports {
-		if n < 1 || n > 65535 {
-			return nil, fmt.Errorf("port %d is out of range", n)
-		}
-		ports = append(ports, ast.IntNumberTerm(n))
+	if st.native {
+		return nil
 	}
-	l7, err := l7Fields(ep)
-	if err != nil {
-		return nil, err
+	hostRegex := ""
+	if t.Host.Host != "" {
+		hostRegex = t.Host.Regexp.String()
 	}
-	return ast.ObjectTerm(append([][2]*ast.Term{
-		{ast.StringTerm("host"), ast.StringTerm(host)},
-		{ast.StringTerm("host_regex"), ast.StringTerm(hostRegex)},
-		{ast.StringTerm("ports"), ast.ArrayTerm(ports...)},
-		{ast.StringTerm("allowed_ips"), ast.ArrayTerm(cidrs...)},
-	}, l7...)...), nil
-}
-
-// accessPresets are the rules an access level stands for (as OpenShell
-// expands them).
-var accessPresets = map[string][]string{
-	policy.AccessReadOnly:  {"GET", "HEAD", "OPTIONS"},
-	policy.AccessReadWrite: {"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH"},
-	policy.AccessFull:      {"*"},
-}
-
-// l7Fields returns the endpoint's L7 settings as the rules read them:
-// access presets expanded into rules, each rule labelled with where it
-// came from, query matchers as lists of globs.
-func l7Fields(ep policy.Endpoint) ([][2]*ast.Term, error) {
-	enforcement := ep.Enforcement
-	if enforcement == "" {
-		enforcement = policy.EnforcementEnforce
+	cidrs := make([]*ast.Term, len(t.Prefixes))
+	for i, p := range t.Prefixes {
+		cidrs[i] = ast.StringTerm(p.String())
 	}
-	var rules, deny []*ast.Term
-	if methods, ok := accessPresets[ep.Access]; ok {
-		for _, m := range methods {
-			rules = append(rules, matchTerm("access: "+ep.Access, m, "**", nil))
-		}
-	} else if ep.Access != "" {
-		return nil, fmt.Errorf("unknown access %q", ep.Access)
-	}
-	for i, r := range ep.Rules {
-		q, err := queryGlobs(r.Allow.Query)
-		if err != nil {
-			return nil, fmt.Errorf("rules[%d].allow.query: %w", i, err)
-		}
-		rules = append(rules, matchTerm(fmt.Sprintf("rules[%d]", i), r.Allow.Method, r.Allow.Path, q))
-	}
-	for i, m := range ep.DenyRules {
-		q, err := queryGlobs(m.Query)
-		if err != nil {
-			return nil, fmt.Errorf("deny_rules[%d].query: %w", i, err)
-		}
-		deny = append(deny, matchTerm(fmt.Sprintf("deny_rules[%d]", i), m.Method, m.Path, q))
-	}
-	return [][2]*ast.Term{
-		{ast.StringTerm("protocol"), ast.StringTerm(ep.Protocol)},
-		{ast.StringTerm("tls"), ast.StringTerm(ep.TLS)},
-		{ast.StringTerm("enforcement"), ast.StringTerm(enforcement)},
-		{ast.StringTerm("path"), ast.StringTerm(anyPath(ep.Path))},
-		{ast.StringTerm("rules"), ast.ArrayTerm(rules...)},
-		{ast.StringTerm("deny_rules"), ast.ArrayTerm(deny...)},
-	}, nil
-}
-
-// pathRule names, as the policy file spells it, the endpoint's first path
-// selector, rule or deny rule that matches on a path other than "any
-// path" (access presets match any path); "" when there is none.
-func pathRule(key string, i int, ep policy.Endpoint) string {
-	at := fmt.Sprintf("network_policies.%s.endpoints[%d]", key, i)
-	structured := func(p string) bool {
-		switch anyPath(p) {
-		case "", "**", "/**":
-			return false
-		}
-		return true
-	}
-	if structured(ep.Path) {
-		return fmt.Sprintf("%s.path (%s)", at, ep.Path)
-	}
-	for j, r := range ep.Rules {
-		if structured(r.Allow.Path) {
-			return fmt.Sprintf("%s.rules[%d] (path %s)", at, j, r.Allow.Path)
-		}
-	}
-	for j, r := range ep.DenyRules {
-		if structured(r.Path) {
-			return fmt.Sprintf("%s.deny_rules[%d] (path %s)", at, j, r.Path)
-		}
-	}
-	return ""
-}
-
-// anyPath spells "any path" one way, so the rules need one test for it.
-func anyPath(p string) string {
-	if p == "*" {
-		return "**"
-	}
-	return p
-}
-
-func matchTerm(id, method, path string, query *ast.Term) *ast.Term {
-	if query == nil {
-		query = ast.ObjectTerm()
+	e.term = ast.ObjectTerm(
+		[2]*ast.Term{keyPolicy, ast.StringTerm(g.Key)},
+		[2]*ast.Term{keyEndpoint, ast.IntNumberTerm(t.Index)},
+	)
+	ports := make([]*ast.Term, len(t.Ports))
+	for i, n := range t.Ports {
+		ports[i] = ast.IntNumberTerm(n)
 	}
 	return ast.ObjectTerm(
-		[2]*ast.Term{ast.StringTerm("id"), ast.StringTerm(id)},
-		[2]*ast.Term{ast.StringTerm("method"), ast.StringTerm(strings.ToUpper(method))},
-		[2]*ast.Term{ast.StringTerm("path"), ast.StringTerm(anyPath(path))},
-		[2]*ast.Term{ast.StringTerm("query"), query},
+		[2]*ast.Term{ast.StringTerm("host"), ast.StringTerm(t.Host.Host)},
+		[2]*ast.Term{ast.StringTerm("host_regex"), ast.StringTerm(hostRegex)},
+		[2]*ast.Term{ast.StringTerm("ports"), ast.ArrayTerm(ports...)},
+		[2]*ast.Term{ast.StringTerm("allowed_ips"), ast.ArrayTerm(cidrs...)},
+		[2]*ast.Term{ast.StringTerm("protocol"), ast.StringTerm(t.Protocol)},
+		[2]*ast.Term{ast.StringTerm("tls"), ast.StringTerm(t.TLS)},
+		[2]*ast.Term{ast.StringTerm("enforcement"), ast.StringTerm(t.Enforcement)},
+		[2]*ast.Term{ast.StringTerm("path"), ast.StringTerm(t.SelectorGlob)},
+		[2]*ast.Term{ast.StringTerm("rules"), ast.ArrayTerm(ruleTerms(t.Rules)...)},
+		[2]*ast.Term{ast.StringTerm("deny_rules"), ast.ArrayTerm(ruleTerms(t.DenyRules)...)},
 	)
 }
 
-// queryGlobs turns the two matcher forms (a glob, or {any: [globs]}) into
-// one: a list of globs per parameter.
-func queryGlobs(q map[string]any) (*ast.Term, error) {
-	obj := ast.NewObject()
-	for name, v := range q {
-		globs, err := queryGlobList(name, v)
-		if err != nil {
-			return nil, err
+func ruleTerms(rules []policy.HTTPRule) []*ast.Term {
+	out := make([]*ast.Term, len(rules))
+	for i, r := range rules {
+		q := ast.NewObject()
+		for name, globs := range r.QueryGlobs {
+			q.Insert(ast.StringTerm(name), ast.ArrayTerm(stringTerms(globs)...))
 		}
-		obj.Insert(ast.StringTerm(name), ast.ArrayTerm(stringTerms(globs)...))
+		out[i] = ast.ObjectTerm(
+			[2]*ast.Term{ast.StringTerm("id"), ast.StringTerm(r.ID)},
+			[2]*ast.Term{ast.StringTerm("method"), ast.StringTerm(r.Method)},
+			[2]*ast.Term{ast.StringTerm("path"), ast.StringTerm(r.PathGlob)},
+			[2]*ast.Term{ast.StringTerm("query"), ast.NewTerm(q)},
+		)
 	}
-	return ast.NewTerm(obj), nil
-}
-
-func queryGlobList(name string, v any) ([]string, error) {
-	switch x := v.(type) {
-	case string:
-		return []string{x}, nil
-	case map[string]any:
-		list, ok := x["any"].([]any)
-		if !ok || len(x) != 1 || len(list) == 0 {
-			return nil, fmt.Errorf("%s: want a glob or {any: [globs]}", name)
-		}
-		out := make([]string, 0, len(list))
-		for _, g := range list {
-			s, ok := g.(string)
-			if !ok {
-				return nil, fmt.Errorf("%s: any holds %T, not a string", name, g)
-			}
-			out = append(out, s)
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("%s: want a glob or {any: [globs]}, not %T", name, v)
-}
-
-func parsePrefix(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	a = a.WithZone("")
-	return netip.PrefixFrom(a, a.BitLen()), nil
-}
-
-// binaryPaths returns the path as written and, when a symlink is involved,
-// as resolved. The kernel reports resolved executables, while script paths
-// from a command line are often the symlink (/usr/local/bin/claude), so both
-// forms must match. A glob keeps its pattern; only its literal directory
-// prefix is resolved.
-func binaryPaths(p string) ([]string, error) {
-	if !filepath.IsAbs(p) {
-		return nil, fmt.Errorf("binary path %q is not absolute", p)
-	}
-	p = filepath.Clean(p)
-	out := []string{p}
-	star := strings.IndexByte(p, '*')
-	if star < 0 {
-		if r, err := filepath.EvalSymlinks(p); err == nil && r != p {
-			out = append(out, r)
-		}
-		return out, nil
-	}
-	// Rego's glob.match would read these as glob syntax, which policy
-	// authors writing paths do not expect.
-	if strings.ContainsAny(p, "?[]{}\\") {
-		return nil, fmt.Errorf("binary glob %q may only use * and **", p)
-	}
-	dir := p[:strings.LastIndexByte(p[:star], '/')]
-	if dir != "" {
-		if r, err := filepath.EvalSymlinks(dir); err == nil && r != dir {
-			out = append(out, filepath.Join(r, p[len(dir):]))
-		}
-	}
-	return out, nil
+	return out
 }
 
 // hostMatches returns the endpoints whose host pattern matches host.
@@ -447,7 +225,7 @@ func (st *state) hostMatches(host string) []*endpoint {
 	out := slices.Clone(st.exact[host])
 	if i := strings.IndexByte(host, '.'); i >= 0 {
 		for _, e := range st.oneLabel[host[i+1:]] {
-			if e.re.MatchString(host) {
+			if e.target.Host.Regexp.MatchString(host) {
 				out = append(out, e)
 			}
 		}
@@ -457,7 +235,7 @@ func (st *state) hostMatches(host string) []*endpoint {
 			continue
 		}
 		for _, e := range st.anyDepth[host[i+1:]] {
-			if e.re.MatchString(host) {
+			if e.target.Host.Regexp.MatchString(host) {
 				out = append(out, e)
 			}
 		}
@@ -474,13 +252,13 @@ func (st *state) candidates(host, ip string, port uint16) []*endpoint {
 	} else if a, err := netip.ParseAddr(ip); err == nil {
 		out = slices.Clone(st.exact[ip])
 		for _, e := range st.byIP {
-			if !slices.Contains(out, e) && slices.ContainsFunc(e.prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			if !slices.Contains(out, e) && slices.ContainsFunc(e.target.Prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
 				out = append(out, e)
 			}
 		}
 	}
 	out = slices.DeleteFunc(out, func(e *endpoint) bool {
-		_, found := slices.BinarySearch(e.ports, int(port))
+		_, found := slices.BinarySearch(e.target.Ports, int(port))
 		return !found
 	})
 	slices.SortFunc(out, byRank)

@@ -63,7 +63,7 @@
 //	  "binaries": ["/usr/bin/curl", "/opt/tools/**"] // [] = any binary
 //	}
 //
-// Policies come from policy.Policy.EffectiveNetworkPolicies, so the
+// Policies are the grants of policy.Compiled, so the
 // network.allow short form appears as the policy "network.allow". Binary
 // paths are listed as written and, where a symlink is involved, resolved
 // (for a glob, its literal directory); "*" in a binary matches within one
@@ -108,9 +108,11 @@
 //
 //	request_decision = {"allow": bool, "policy": string, "rule": string, "reason": string, "enforcement": "enforce"|"audit"}
 //
-// With the baked-in rules, request decisions are remembered per compiled
-// policy (they are a pure function of it and the input); user rules are
-// evaluated every time.
+// # Evaluation
+//
+// The baked-in rules are evaluated in Go (native.go), rule for rule, with
+// no OPA query prepared at all; OPA evaluates a user's rules. A property
+// test holds the two to the same answers on random policies and requests.
 package decide
 
 import (
@@ -121,7 +123,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/hostpattern"
@@ -138,10 +139,10 @@ var bakedRules []byte
 func BakedRules() []byte { return slices.Clone(bakedRules) }
 
 // Engine implements egress.Decider with an embedded OPA engine evaluating
-// Rego rules over the current policy's data. It is safe for concurrent use.
+// Rego rules over one compiled policy's data. It is immutable and safe for
+// concurrent use; a reload prepares a new one (internal/reload).
 type Engine struct {
-	rules []byte
-	cur   atomic.Pointer[state]
+	st *state
 }
 
 var (
@@ -149,48 +150,40 @@ var (
 	_ egress.HTTPDecider = (*Engine)(nil)
 )
 
-// New compiles p with rules, or with the baked-in rules when rules is nil.
-func New(p *policy.Policy, rules []byte) (*Engine, error) {
-	e := &Engine{rules: bakedRules}
-	if rules != nil {
-		e.rules = rules
+// New prepares c with rules, or with the baked-in rules when rules is nil.
+func New(c *policy.Compiled, rules []byte) (*Engine, error) {
+	if c == nil {
+		return nil, errors.New("no policy")
 	}
-	if err := e.Swap(p); err != nil {
+	if rules == nil {
+		rules = bakedRules
+	}
+	st, err := build(c, rules)
+	if err != nil {
 		return nil, err
 	}
-	return e, nil
+	return &Engine{st: st}, nil
 }
 
-// Swap atomically replaces the policy (hot reload), keeping the engine's
-// rules. A policy that fails to compile returns an error and the previous
-// one stays in force.
-func (e *Engine) Swap(p *policy.Policy) error {
-	if p == nil {
-		return errors.New("no policy")
-	}
-	st, err := build(p, e.rules)
-	if err != nil {
-		return err
-	}
-	e.cur.Store(st)
-	return nil
-}
-
-// Decide evaluates r against the current policy.
+// Decide evaluates r against the engine's policy.
 func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
-	st := e.cur.Load()
-	if st == nil {
-		return engineError("no policy loaded")
-	}
+	st := e.st
 	host, ip := normaliseTarget(r)
 	cands := st.candidates(host, ip, r.Port)
-	v, err := eval(ctx, st.decision, input(host, ip, int(r.Port), r.Identity, cands))
-	if err != nil {
-		return engineError(err.Error())
-	}
-	d, key, err := parseDecision(v)
-	if err != nil {
-		return engineError(err.Error())
+	var (
+		d   egress.Decision
+		key string
+	)
+	if st.native {
+		d, key = nativeDecision(cands, execPaths(r.Identity))
+	} else {
+		v, err := eval(ctx, st.decision, input(host, ip, int(r.Port), r.Identity, cands))
+		if err != nil {
+			return engineError(err.Error())
+		}
+		if d, key, err = parseDecision(v); err != nil {
+			return engineError(err.Error())
+		}
 	}
 	if !d.Allow {
 		d.Detail = denyDetail(d, r, host, ip)
@@ -206,15 +199,16 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 	for _, c := range cands {
 		// tls: skip exempts an endpoint from inspection altogether; its
 		// traffic is carried like any other allowed connection's.
-		if c.protocol == "" || c.tls == policy.TLSSkip || !(c.key == key || key == "" && c.name == d.Policy) {
+		t := c.target
+		if t.Protocol == "" || t.TLS == policy.TLSSkip || !(c.grant.Key == key || key == "" && c.grant.Name == d.Policy) {
 			continue
 		}
 		if !d.Inspect {
-			d.Inspect, d.TLS = true, c.tls
+			d.Inspect, d.TLS = true, t.TLS
 		}
-		d.AllowEncodedSlash = d.AllowEncodedSlash || c.encodedSlash
+		d.AllowEncodedSlash = d.AllowEncodedSlash || t.AllowEncodedSlash
 		if pathRule == "" {
-			pathRule = c.pathRule
+			pathRule = t.PathRule
 		}
 	}
 	if d.AllowEncodedSlash || pathRule == "" {
@@ -226,39 +220,28 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 }
 
 // DecideHTTP evaluates one request of an inspected connection against the
-// current policy: the connection's decision is taken again (the policy
+// engine's policy: the connection's decision is taken again (the policy
 // may have changed since it opened), then the request_decision rules.
 func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTPRequest) egress.HTTPDecision {
-	st := e.cur.Load()
-	if st == nil || st.request == nil {
+	st := e.st
+	if !st.native && st.request == nil {
 		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the policy rules define no request_decision"}
 	}
 	host, ip := normaliseTarget(r)
-	var key string
-	if st.memo != nil {
-		key = memoKey(host, ip, r.Port, r.Identity, h)
-		if d, ok := st.memo.get(key); ok {
-			return d
+	cands := requestCandidates(st.candidates(host, ip, r.Port), h)
+	var d egress.HTTPDecision
+	if st.native {
+		d = nativeRequestDecision(cands, execPaths(r.Identity), h)
+	} else {
+		in := inputTerms(host, ip, int(r.Port), r.Identity, requestTerms(cands, h))
+		in.Insert(keyHTTP, httpTerm(h))
+		v, err := eval(ctx, *st.request, in)
+		if err != nil {
+			return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
 		}
-	}
-	d := st.decideHTTP(ctx, host, ip, r, h)
-	if d.Reason != egress.ReasonEngine {
-		st.memo.put(key, d)
-	}
-	return d
-}
-
-func (st *state) decideHTTP(ctx context.Context, host, ip string, r egress.Request, h egress.HTTPRequest) egress.HTTPDecision {
-	terms := requestCandidates(st.candidates(host, ip, r.Port), h)
-	in := inputTerms(host, ip, int(r.Port), r.Identity, terms)
-	in.Insert(keyHTTP, httpTerm(h))
-	v, err := eval(ctx, *st.request, in)
-	if err != nil {
-		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
-	}
-	d, err := parseRequestDecision(v)
-	if err != nil {
-		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
+		if d, err = parseRequestDecision(v); err != nil {
+			return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
+		}
 	}
 	if !d.Allow {
 		d.Detail = requestDenyDetail(d, h)
@@ -336,10 +319,7 @@ func requestDenyDetail(d egress.HTTPDecision, h egress.HTTPRequest) string {
 // NameAllowed reports whether some endpoint's host pattern matches host,
 // whatever the port or binary; DNS answers only such names.
 func (e *Engine) NameAllowed(host string) bool {
-	st := e.cur.Load()
-	if st == nil {
-		return false
-	}
+	st := e.st
 	host = normaliseHost(host)
 	// An address is not a name: a resolver never needs to answer it, and an
 	// endpoint written as an IP must not make its text resolvable.
@@ -568,4 +548,22 @@ func describeBinary(id egress.Identity) string {
 		s += ", which is not the binary it claims: " + id.Untrusted
 	}
 	return s
+}
+
+// parsePrefix reads an allowed_ips entry of the rules' result: an address
+// or a CIDR, which user rules may spell either way.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.WithZone("")
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,9 +29,18 @@ func hostPolicy(binaries []string, eps ...policy.Endpoint) *policy.Policy {
 	return &policy.Policy{Version: 1, NetworkPolicies: map[string]policy.NetworkPolicy{"p": np}}
 }
 
+// newEngine compiles p as a sandbox would, then prepares it.
+func newEngine(p *policy.Policy, rules []byte) (*Engine, error) {
+	c, err := p.Compile()
+	if err != nil {
+		return nil, err
+	}
+	return New(c, rules)
+}
+
 func mustNew(t testing.TB, p *policy.Policy, rules []byte) *Engine {
 	t.Helper()
-	e, err := New(p, rules)
+	e, err := newEngine(p, rules)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -54,7 +62,6 @@ func TestHostPatterns(t *testing.T) {
 	}{
 		{"api.github.com", "api.github.com", true},
 		{"api.github.com", "API.GitHub.com.", true},
-		{"API.GitHub.com.", "api.github.com", true},
 		{"api.github.com", "github.com", false},
 		{"api.github.com", "x.api.github.com", false},
 		{"*.example.com", "a.example.com", true},
@@ -98,7 +105,7 @@ func TestHostPatterns(t *testing.T) {
 
 func TestBadHostPatternsRejected(t *testing.T) {
 	for _, h := range []string{"*", "**", "*.com", "**.com", "a.*.example.com", "a**.example.com", "exa mple.com", "a..b.com", "[x].example.com"} {
-		if _, err := New(hostPolicy(nil, policy.Endpoint{Host: h, Port: 443}), nil); err == nil {
+		if _, err := newEngine(hostPolicy(nil, policy.Endpoint{Host: h, Port: 443}), nil); err == nil {
 			t.Errorf("New accepted host %q", h)
 		}
 	}
@@ -107,7 +114,6 @@ func TestBadHostPatternsRejected(t *testing.T) {
 func TestPorts(t *testing.T) {
 	e := mustNew(t, hostPolicy(nil,
 		policy.Endpoint{Host: "a.example.com", Port: 443, Ports: []int{8443, 9000}},
-		policy.Endpoint{Host: "noport.example.com"},
 	), nil)
 	tests := []struct {
 		host string
@@ -213,10 +219,10 @@ func TestBinarySymlinksResolved(t *testing.T) {
 			}
 		})
 	}
-	if _, err := New(hostPolicy([]string{"usr/bin/curl"}, gh), nil); err == nil {
+	if _, err := newEngine(hostPolicy([]string{"usr/bin/curl"}, gh), nil); err == nil {
 		t.Error("New accepted a relative binary path")
 	}
-	if _, err := New(hostPolicy([]string{"/usr/bin/[ab]*"}, gh), nil); err == nil {
+	if _, err := newEngine(hostPolicy([]string{"/usr/bin/[ab]*"}, gh), nil); err == nil {
 		t.Error("New accepted a glob with character classes")
 	}
 }
@@ -315,56 +321,6 @@ func TestPolicyName(t *testing.T) {
 	}
 }
 
-func TestSwap(t *testing.T) {
-	ctx := context.Background()
-	e := mustNew(t, hostPolicy(nil, policy.Endpoint{Host: "a.example.com", Port: 443}), nil)
-	if err := e.Swap(hostPolicy(nil, policy.Endpoint{Host: "b.example.com", Port: 443})); err != nil {
-		t.Fatal(err)
-	}
-	if e.Decide(ctx, byName("a.example.com", 443, curl)).Allow || !e.Decide(ctx, byName("b.example.com", 443, curl)).Allow {
-		t.Fatal("Swap did not replace the policy")
-	}
-	bad := []*policy.Policy{
-		nil,
-		hostPolicy(nil, policy.Endpoint{Host: "*", Port: 443}),
-		hostPolicy(nil, policy.Endpoint{Host: "c.example.com", Port: 443, AllowedIPs: []string{"not-an-ip"}}),
-		hostPolicy([]string{"relative/bin"}, policy.Endpoint{Host: "c.example.com", Port: 443}),
-		hostPolicy(nil, policy.Endpoint{Host: "c.example.com", Port: 70000}),
-	}
-	for i, p := range bad {
-		if err := e.Swap(p); err == nil {
-			t.Errorf("bad policy %d: Swap succeeded", i)
-		}
-		if !e.Decide(ctx, byName("b.example.com", 443, curl)).Allow || !e.NameAllowed("b.example.com") {
-			t.Fatalf("bad policy %d replaced the last good one", i)
-		}
-	}
-}
-
-func TestSwapConcurrent(t *testing.T) {
-	ctx := context.Background()
-	p1 := hostPolicy(nil, policy.Endpoint{Host: "a.example.com", Port: 443})
-	p2 := hostPolicy(nil, policy.Endpoint{Host: "a.example.com", Port: 443}, policy.Endpoint{Host: "b.example.com", Port: 443})
-	e := mustNew(t, p1, nil)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for range 200 {
-				if d := e.Decide(ctx, byName("a.example.com", 443, curl)); !d.Allow {
-					t.Errorf("denied during swaps: %+v", d)
-					return
-				}
-			}
-		})
-	}
-	for i := range 20 {
-		if err := e.Swap([]*policy.Policy{p1, p2}[i%2]); err != nil {
-			t.Error(err)
-		}
-	}
-	wg.Wait()
-}
-
 func TestUserRules(t *testing.T) {
 	ctx := context.Background()
 	rules := []byte(`package corral.egress
@@ -413,13 +369,6 @@ decision := {"allow": true, "policy": p.name, "allowed_ips": ep.allowed_ips} if 
 	if d := e2.Decide(ctx, egress.Request{Host: "github.com", Port: 443, Identity: claude}); d.Allow || d.Reason != egress.ReasonNoPolicy {
 		t.Errorf("data scan = %+v, want denied with the default reason", d)
 	}
-	// Swap keeps the user's rules.
-	if err := e.Swap(hostPolicy(nil)); err != nil {
-		t.Fatal(err)
-	}
-	if d := e.Decide(ctx, byName("x.example", 80, curl)); !d.Allow {
-		t.Errorf("after Swap = %+v, want the custom rules still in force", d)
-	}
 }
 
 func TestBadRulesRejected(t *testing.T) {
@@ -430,7 +379,7 @@ func TestBadRulesRejected(t *testing.T) {
 		"http.send":     "package corral.egress\n\ndecision := {\"allow\": true} if http.send({\"method\": \"get\", \"url\": \"http://x\"})\n",
 		"lookup":        "package corral.egress\n\ndecision := {\"allow\": true} if net.lookup_ip_addr(\"x\")\n",
 	} {
-		if _, err := New(p, []byte(rules)); err == nil {
+		if _, err := newEngine(p, []byte(rules)); err == nil {
 			t.Errorf("%s: New accepted the rules", name)
 		}
 	}
@@ -453,7 +402,7 @@ func TestFailClosed(t *testing.T) {
 		"division by zero":  `decision := {"allow": (input.network.port / 0) > 1}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, err := New(p, []byte("package corral.egress\n\n"+body+"\n"))
+			e, err := newEngine(p, []byte("package corral.egress\n\n"+body+"\n"))
 			if err != nil {
 				return // refusing the rules outright is closed too
 			}
@@ -508,8 +457,19 @@ func bench1000() *policy.Policy {
 	return &policy.Policy{Version: 1, NetworkPolicies: nps}
 }
 
+// BenchmarkDecide1000 measures a decision with 1000 endpoints, evaluated
+// in Go (the baked-in rules) and by OPA (the same rules as a user's).
 func BenchmarkDecide1000(b *testing.B) {
-	e := mustNew(b, bench1000(), nil)
+	for _, tc := range []struct {
+		name  string
+		rules []byte
+	}{{"go", nil}, {"rego", append(BakedRules(), "\n# as a user's\n"...)}} {
+		b.Run(tc.name, func(b *testing.B) { benchDecide1000(b, tc.rules) })
+	}
+}
+
+func benchDecide1000(b *testing.B, rules []byte) {
+	e := mustNew(b, bench1000(), rules)
 	id := egress.Identity{Binary: "/nonexistent/bin/bash", Ancestors: []string{"/nonexistent/bin/init", "/nonexistent/bin/bash"}, CmdlinePaths: []string{"/work/tool.py"}}
 	allowed := id
 	allowed.Ancestors = append(slices.Clone(id.Ancestors), "/nonexistent/bin/curl")

@@ -1,9 +1,7 @@
 package decide
 
 import (
-	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -11,100 +9,23 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 )
 
-// l7Matcher matches requests against one endpoint's path selector and
-// rules. Glob matching is Go's part of a request decision for the same
-// reason host patterns are on connections: done in Rego it costs several
-// times the rest of the decision. The globs are gobwas/glob, the library
-// behind Rego's glob.match, compiled with the same separators, so a rule
-// means the same whichever side evaluates it.
-type l7Matcher struct {
-	selector    *glob.Pattern // nil: the endpoint has no path selector
-	rules, deny []ruleMatcher
-}
+// Glob matching of requests is Go's part of a request decision for the
+// same reason host patterns are on connections: done in Rego it costs
+// several times the rest of the decision. The globs are gobwas/glob, the
+// library behind Rego's glob.match, compiled by policy with the same
+// separators, so a rule means the same whichever side evaluates it.
 
-type ruleMatcher struct {
-	method string        // upper case; "*" for any
-	path   *glob.Pattern // nil: any path
-	query  map[string][]*glob.Pattern
-}
-
-func compileL7(ep policy.Endpoint) (*l7Matcher, error) {
-	m := &l7Matcher{}
-	var err error
-	if ep.Path != "" {
-		if m.selector, err = compilePath(ep.Path); err != nil {
-			return nil, fmt.Errorf("path: %w", err)
-		}
-		if m.selector == nil {
-			m.selector = glob.MustCompile("**")
-		}
-	}
-	if methods, ok := accessPresets[ep.Access]; ok {
-		for _, meth := range methods {
-			m.rules = append(m.rules, ruleMatcher{method: meth})
-		}
-	}
-	for i, r := range ep.Rules {
-		rm, err := compileRule(r.Allow)
-		if err != nil {
-			return nil, fmt.Errorf("rules[%d].allow: %w", i, err)
-		}
-		m.rules = append(m.rules, rm)
-	}
-	for i, r := range ep.DenyRules {
-		rm, err := compileRule(r)
-		if err != nil {
-			return nil, fmt.Errorf("deny_rules[%d]: %w", i, err)
-		}
-		m.deny = append(m.deny, rm)
-	}
-	return m, nil
-}
-
-// compilePath returns nil for "any path".
-func compilePath(p string) (*glob.Pattern, error) {
-	if p = anyPath(p); p == "**" {
-		return nil, nil
-	}
-	return glob.Compile(p, '/')
-}
-
-func compileRule(mt policy.L7Match) (ruleMatcher, error) {
-	rm := ruleMatcher{method: strings.ToUpper(mt.Method)}
-	var err error
-	if rm.path, err = compilePath(mt.Path); err != nil {
-		return rm, fmt.Errorf("path: %w", err)
-	}
-	for name, v := range mt.Query {
-		globs, err := queryGlobList(name, v)
-		if err != nil {
-			return rm, err
-		}
-		for _, g := range globs {
-			cg, err := glob.Compile(g)
-			if err != nil {
-				return rm, fmt.Errorf("query %s: %w", name, err)
-			}
-			if rm.query == nil {
-				rm.query = map[string][]*glob.Pattern{}
-			}
-			rm.query[name] = append(rm.query[name], cg)
-		}
-	}
-	return rm, nil
-}
-
-// match: the method and path match, and every named query parameter is
+// matchRule: the method and path match, and every named query parameter is
 // present with every one of its values matching one of the globs, so that
 // a repeated parameter cannot smuggle a second, unchecked value.
-func (r ruleMatcher) match(h egress.HTTPRequest) bool {
-	if r.method != "*" && r.method != h.Method {
+func matchRule(r *policy.HTTPRule, h egress.HTTPRequest) bool {
+	if r.Method != "*" && r.Method != h.Method {
 		return false
 	}
-	if r.path != nil && !r.path.Match(h.Path) {
+	if r.Path != nil && !r.Path.Match(h.Path) {
 		return false
 	}
-	for name, globs := range r.query {
+	for name, globs := range r.Query {
 		values := h.Query[name]
 		if len(values) == 0 {
 			return false
@@ -136,55 +57,63 @@ const (
 )
 
 func (e *endpoint) selectorClass(h egress.HTTPRequest) int {
-	switch {
-	case e.l7 == nil || e.l7.selector == nil:
+	switch sel := e.target.Selector; {
+	case e.target.Protocol == "" || sel == nil:
 		return selectorNone
-	case e.l7.selector.Match(h.Path):
+	case sel.Match(h.Path):
 		return selectorMatches
 	}
 	return selectorMisses
 }
 
-// requestCandidates are the candidates' objects in a request's input: the
-// connection candidate plus what Go matched of its endpoint, each policy's
-// ordered by selector class (stable, so rank order within a class).
-func requestCandidates(cands []*endpoint, h egress.HTTPRequest) []*ast.Term {
-	type cand struct {
-		e     *endpoint
-		class int
-	}
-	cs := make([]cand, len(cands))
+// requestCandidate is a connection candidate with how its path selector
+// classes the request.
+type requestCandidate struct {
+	e     *endpoint
+	class int
+}
+
+// requestCandidates orders a connection's candidates for a request: each
+// policy's by selector class (stable, so rank order within a class).
+func requestCandidates(cands []*endpoint, h egress.HTTPRequest) []requestCandidate {
+	cs := make([]requestCandidate, len(cands))
 	for i, e := range cands {
-		cs[i] = cand{e, e.selectorClass(h)}
+		cs[i] = requestCandidate{e, e.selectorClass(h)}
 	}
 	// Candidates arrive in rank order, so each policy's are contiguous;
 	// reorder within each policy only, so the policy that decides is the
 	// connection's.
 	for start := 0; start < len(cs); {
 		end := start + 1
-		for end < len(cs) && cs[end].e.key == cs[start].e.key {
+		for end < len(cs) && cs[end].e.grant == cs[start].e.grant {
 			end++
 		}
-		slices.SortStableFunc(cs[start:end], func(a, b cand) int { return a.class - b.class })
+		slices.SortStableFunc(cs[start:end], func(a, b requestCandidate) int { return a.class - b.class })
 		start = end
 	}
+	return cs
+}
+
+// requestTerms are the candidates' objects in a request's input: the
+// connection candidate plus what Go matched of its endpoint.
+func requestTerms(cs []requestCandidate, h egress.HTTPRequest) []*ast.Term {
 	terms := make([]*ast.Term, len(cs))
 	for i, c := range cs {
 		obj := c.e.term.Value.(ast.Object).Copy()
 		obj.Insert(keyApplies, ast.BooleanTerm(c.class != selectorMisses))
-		if m := c.e.l7; m != nil {
-			obj.Insert(keyAllowRules, matchingIndexes(m.rules, h))
-			obj.Insert(keyDenyRules, matchingIndexes(m.deny, h))
+		if t := c.e.target; t.Protocol != "" {
+			obj.Insert(keyAllowRules, matchingIndexes(t.Rules, h))
+			obj.Insert(keyDenyRules, matchingIndexes(t.DenyRules, h))
 		}
 		terms[i] = ast.NewTerm(obj)
 	}
 	return terms
 }
 
-func matchingIndexes(rules []ruleMatcher, h egress.HTTPRequest) *ast.Term {
+func matchingIndexes(rules []policy.HTTPRule, h egress.HTTPRequest) *ast.Term {
 	var out []*ast.Term
-	for i, r := range rules {
-		if r.match(h) {
+	for i := range rules {
+		if matchRule(&rules[i], h) {
 			out = append(out, ast.IntNumberTerm(i))
 		}
 	}

@@ -40,7 +40,7 @@ func (h *handler) secretsFor(ctx context.Context) *secrets.Set {
 	if ex, ok := ctx.Value(exchangeKey{}).(*exchange); ok {
 		return ex.secrets
 	}
-	return h.in.Secrets.Load()
+	return h.in.Policy.Current().Secrets
 }
 
 // exchange is what one request carries from the decision to the rewrite
@@ -80,7 +80,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		d  egress.HTTPDecision
 		ex = &exchange{}
 	)
-	ex.secrets = h.in.Secrets.Consistent(func() { hr, ex.path, d = h.decide(req) })
+	// One snapshot per request: it is decided, and has its secrets swapped
+	// and scrubbed, under one policy version whatever reloads meanwhile.
+	snap := h.in.Policy.Current()
+	ex.secrets = snap.Secrets
+	hr, ex.path, d = h.decide(req, snap.Decider)
 	outcome := decisionAllow
 	switch {
 	case !d.Allow && !d.Audit:
@@ -103,7 +107,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 // cannot be read unambiguously is refused whatever the enforcement mode:
 // there is no path it could be forwarded with that means what was
 // decided.
-func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, egress.HTTPDecision) {
+func (h *handler) decide(req *http.Request, decider egress.HTTPDecider) (egress.HTTPRequest, reqpath.Path, egress.HTTPDecision) {
 	r := h.t.Request
 	raw := req.URL.EscapedPath()
 	hr := egress.HTTPRequest{Method: strings.ToUpper(req.Method), Path: raw}
@@ -132,13 +136,16 @@ func (h *handler) decide(req *http.Request) (egress.HTTPRequest, reqpath.Path, e
 	if hr.Query, err = reqpath.Query(req.URL.RawQuery); err != nil {
 		return hr, p, egress.HTTPDecision{Reason: egress.ReasonL7BadQuery, Detail: err.Error()}
 	}
-	d := h.in.Decider.DecideHTTP(req.Context(), r, hr)
+	if decider == nil {
+		return hr, p, egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the sandbox has no egress policy"}
+	}
+	d := decider.DecideHTTP(req.Context(), r, hr)
 	if p.Unparameterised != p.Match && (d.Allow || d.Audit) {
 		// Servers that drop ";params" route this request as the shorter
 		// path; it must be allowed under that reading too.
 		alt := hr
 		alt.Path = p.Unparameterised
-		if ad := h.in.Decider.DecideHTTP(req.Context(), r, alt); !ad.Allow && (!ad.Audit || d.Allow) {
+		if ad := decider.DecideHTTP(req.Context(), r, alt); !ad.Allow && (!ad.Audit || d.Allow) {
 			return alt, p, ad
 		}
 	}

@@ -29,9 +29,9 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
-	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/reload"
 )
 
 const (
@@ -50,10 +50,11 @@ const (
 
 // Inspector implements egress.Inspector.
 type Inspector struct {
-	Decider egress.HTTPDecider
-	CA      *ca.CA
-	// Secrets holds the masked secrets; nil, or holding nil, for none.
-	Secrets *secrets.Live
+	// Policy gives the snapshot in force: each request is decided with
+	// its decider and has its masked secrets swapped and scrubbed with its
+	// secrets.
+	Policy Snapshots
+	CA     *ca.CA
 	// Dialer opens further upstream connections for a tunnel (the gate
 	// dialled the first), with the same SSRF checks.
 	Dialer egress.Dialer
@@ -71,6 +72,11 @@ type Inspector struct {
 }
 
 var _ egress.Inspector = (*Inspector)(nil)
+
+// Snapshots gives the policy snapshot in force (reload.Reloader).
+type Snapshots interface {
+	Current() *reload.Snapshot
+}
 
 // Inspect serves one allowed connection until it ends, or hands back a
 // TLS connection to a passthrough endpoint (see egress.Inspector).

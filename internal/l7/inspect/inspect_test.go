@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -35,6 +36,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/inspect"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/reload"
 )
 
 const (
@@ -209,9 +211,18 @@ func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 			c.port = 80
 		}
 	}
-	engine, err := decide.New(c.policy, nil)
+	// The first snapshot takes the harness's secrets as they are; later
+	// ones rescope them, as a sandbox's reloads do.
+	policies, err := reload.New(mustCompile(t, c.policy), func(cp *policy.Compiled, prev *reload.Snapshot) (reload.Decider, *secrets.Set, error) {
+		engine, err := decide.New(cp, nil)
+		if err != nil || prev == nil {
+			return engine, c.secrets, err
+		}
+		s, err := prev.Secrets.Rescope(cp.Secrets)
+		return engine, s, err
+	}, nil, nil)
 	if err != nil {
-		t.Fatalf("decide.New: %v", err)
+		t.Fatalf("reload.New: %v", err)
 	}
 	sbCA, err := ca.New("sb", 0, 0)
 	if err != nil {
@@ -225,9 +236,8 @@ func newHarness(t testing.TB, up *upstreamServer, c config) *harness {
 	}
 	h.sbPool.AppendCertsFromPEM(sbCA.CertPEM())
 	h.in = &inspect.Inspector{
-		Decider: engine,
+		Policy:  policies,
 		CA:      sbCA,
-		Secrets: secrets.NewLive(c.secrets),
 		Dialer:  h.dialer,
 		RootCAs: func() *x509.CertPool { return up.pool },
 		Audit:   audit.New(h.audit),
@@ -777,7 +787,7 @@ func TestStreamsResponseAsItArrives(t *testing.T) {
 
 func TestMaskedSecretSwappedOnlyForItsHosts(t *testing.T) {
 	real := "ghp_" + strings.Repeat("aB3", 12)
-	set, err := secrets.Load(map[string]policy.Secret{
+	set, err := loadSecrets(map[string]policy.Secret{
 		"GH_TOKEN": {FromEnv: "REAL_GH_TOKEN", Hosts: []string{apiHost}, Headers: []string{"Authorization"}},
 	}, func(k string) string {
 		if k == "REAL_GH_TOKEN" {
@@ -913,7 +923,7 @@ func TestHostHeaderMismatch(t *testing.T) {
 
 func TestPlainHTTPInspected(t *testing.T) {
 	real := "ghp_" + strings.Repeat("xY7", 12)
-	set, err := secrets.Load(map[string]policy.Secret{
+	set, err := loadSecrets(map[string]policy.Secret{
 		"GH_TOKEN": {FromEnv: "T", Hosts: []string{apiHost}},
 	}, func(string) string { return real })
 	if err != nil {
@@ -1034,7 +1044,7 @@ func TestReloadNeverMixesVersions(t *testing.T) {
 	spec := func(host string) map[string]policy.Secret {
 		return map[string]policy.Secret{"GH_TOKEN": {FromEnv: "REAL_GH_TOKEN", Hosts: []string{host}, Headers: []string{"Authorization"}}}
 	}
-	set, err := secrets.Load(spec(apiHost), func(k string) string {
+	set, err := loadSecrets(spec(apiHost), func(k string) string {
 		if k == "REAL_GH_TOKEN" {
 			return real
 		}
@@ -1044,23 +1054,18 @@ func TestReloadNeverMixesVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	surrogate := strings.TrimPrefix(set.Env()[0], "GH_TOKEN=")
-	version := func(path, scopedTo string) (*policy.Policy, *secrets.Set) {
+	version := func(path, scopedTo string) *policy.Policy {
 		p := restPolicy(rest(apiHost, 443, func(ep *policy.Endpoint) {
 			ep.Rules = []policy.L7Rule{{Allow: policy.L7Match{Method: "GET", Path: path}}}
-		}))
+		}), rest(otherHost, 443, func(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }))
 		p.Secrets = spec(scopedTo)
-		s, err := set.Rescope(p.Secrets)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p, s
+		return p
 	}
-	p1, s1 := version("/v1", apiHost)
-	p2, s2 := version("/v2", otherHost)
+	p1, p2 := version("/v1", apiHost), version("/v2", otherHost)
 
 	up := newUpstream(t)
-	h := newHarness(t, up, config{policy: p1, secrets: s1})
-	engine := h.in.Decider.(*decide.Engine)
+	h := newHarness(t, up, config{policy: p1, secrets: set})
+	policies := h.in.Policy.(*reload.Reloader)
 	stop := make(chan struct{})
 	var flips sync.WaitGroup
 	flips.Go(func() {
@@ -1070,11 +1075,11 @@ func TestReloadNeverMixesVersions(t *testing.T) {
 				return
 			default:
 			}
-			p, s := p1, s1
+			p := p1
 			if i%2 == 1 {
-				p, s = p2, s2
+				p = p2
 			}
-			if err := h.in.Secrets.Reload(func() error { return engine.Swap(p) }, s); err != nil {
+			if err := policies.Apply(p, "flip"); err != nil {
 				t.Error(err)
 				return
 			}
@@ -1118,4 +1123,26 @@ func TestReloadNeverMixesVersions(t *testing.T) {
 	if n == 0 {
 		t.Fatal("no request got through while the policy flipped")
 	}
+}
+
+// loadSecrets compiles each secret as validation does, then loads them.
+func loadSecrets(specs map[string]policy.Secret, getenv func(string) string) (*secrets.Set, error) {
+	var scopes []policy.SecretScope
+	for _, name := range slices.Sorted(maps.Keys(specs)) {
+		sc, err := policy.CompileSecret(name, specs[name])
+		if err != nil {
+			return nil, err
+		}
+		scopes = append(scopes, sc)
+	}
+	return secrets.Load(scopes, getenv)
+}
+
+func mustCompile(t testing.TB, p *policy.Policy) *policy.Compiled {
+	t.Helper()
+	c, err := p.Compile()
+	if err != nil {
+		t.Fatalf("compile: %v", err)
+	}
+	return c
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -14,7 +13,7 @@ import (
 // value back into the sandbox, in headers or body.
 func TestEchoedSecretScrubbedFromResponse(t *testing.T) {
 	const real = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"
-	set, err := secrets.Load(map[string]policy.Secret{
+	set, err := loadSecrets(map[string]policy.Secret{
 		"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{apiHost}},
 	}, func(string) string { return real })
 	if err != nil {

@@ -25,7 +25,6 @@ import (
 	"testing"
 
 	"github.com/corral-sandbox/corral/internal/l7/ca"
-	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -193,7 +192,7 @@ func wsFrameBytes(fin bool, op byte, payload string) []byte {
 
 func echoHarness(t *testing.T) (*harness, *upstreamServer, string) {
 	t.Helper()
-	set, err := secrets.Load(map[string]policy.Secret{
+	set, err := loadSecrets(map[string]policy.Secret{
 		"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{apiHost}},
 	}, func(string) string { return echoReal })
 	if err != nil {

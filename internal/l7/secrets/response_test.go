@@ -12,7 +12,7 @@ import (
 
 func loadOne(t *testing.T, real string) *Set {
 	t.Helper()
-	s, err := Load(map[string]policy.Secret{"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{"api.github.com"}}},
+	s, err := loadSpecs(map[string]policy.Secret{"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{"api.github.com"}}},
 		func(string) string { return real })
 	if err != nil {
 		t.Fatal(err)
@@ -72,22 +72,24 @@ func TestRescope(t *testing.T) {
 	const real = "ghp_0123456789abcdefghijklmnopqrstuvwxyz"
 	s := loadOne(t, real)
 	sur := strings.TrimPrefix(s.Env()[0], "GH_TOKEN=")
-	live := NewLive(s)
-	moved, err := live.Load().Rescope(map[string]policy.Secret{
+	scopes, err := compileSpecs(map[string]policy.Secret{
 		"GH_TOKEN": {FromEnv: "REAL", Hosts: []string{"uploads.github.com"}, Headers: []string{"X-Token"}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	live.Store(moved)
+	moved, err := s.Rescope(scopes)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := http.Header{"X-Token": {sur}, "Authorization": {"Bearer " + sur}}
-	if n := live.Load().Swap("api.github.com", h); n != 0 {
+	if n := moved.Swap("api.github.com", h); n != 0 {
 		t.Errorf("the old scope still swaps (%d)", n)
 	}
-	if n := live.Load().Swap("uploads.github.com", h); n != 1 || h.Get("X-Token") != real || h.Get("Authorization") != "Bearer "+sur {
+	if n := moved.Swap("uploads.github.com", h); n != 1 || h.Get("X-Token") != real || h.Get("Authorization") != "Bearer "+sur {
 		t.Errorf("new scope: %d swaps, headers %v", n, h)
 	}
-	if got := live.Load().Env(); got[0] != "GH_TOKEN="+sur {
+	if got := moved.Env(); got[0] != "GH_TOKEN="+sur {
 		t.Errorf("the surrogate changed: %q", got)
 	}
 	for name, specs := range map[string]map[string]policy.Secret{
@@ -95,13 +97,12 @@ func TestRescope(t *testing.T) {
 		"removed": {},
 		"renamed": {"OTHER": {FromEnv: "REAL", Hosts: []string{"a.example.com"}}},
 	} {
-		if _, err := s.Rescope(specs); err == nil {
+		scopes, err := compileSpecs(specs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Rescope(scopes); err == nil {
 			t.Errorf("%s: Rescope accepted it", name)
 		}
 	}
-	var none *Live
-	if none.Load() != nil {
-		t.Error("a nil Live holds a Set")
-	}
-	none.Store(nil)
 }

@@ -81,7 +81,7 @@ var testValues = []string{
 
 func loadValue(t testing.TB, real string) (*Set, string) {
 	t.Helper()
-	s, err := Load(map[string]policy.Secret{"TOKEN": {FromEnv: "REAL", Hosts: []string{"api.example.com"}}},
+	s, err := loadSpecs(map[string]policy.Secret{"TOKEN": {FromEnv: "REAL", Hosts: []string{"api.example.com"}}},
 		func(string) string { return real })
 	if err != nil {
 		t.Fatal(err)

