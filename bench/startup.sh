@@ -6,6 +6,8 @@
 #   bench/startup.sh             # block mode (built-in default policy)
 #   MODE=proxy bench/startup.sh  # proxy mode (capture, DNS and proxies set up)
 #   RUNS=200 bench/startup.sh    # more runs
+#   CORRAL_BIN=/path/to/other/corral bench/startup.sh   # another build
+#   TRACE=1 bench/startup.sh     # also print one run's start-up trace
 #
 # Needs root (bwrap's --unshare-all and corral's cgroups), bubblewrap and
 # hyperfine (apt-get install bubblewrap hyperfine).
@@ -19,7 +21,11 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-CGO_ENABLED=0 go build -o "$work/corral" ./cmd/corral
+bin=${CORRAL_BIN:-}
+if [ -z "$bin" ]; then
+	bin="$work/corral"
+	CGO_ENABLED=0 go build -o "$bin" ./cmd/corral
+fi
 mkdir -p "$work/proj" "$work/state"
 
 policy=""
@@ -33,7 +39,8 @@ network:
 YAML
 	policy="--policy $work/proxy.yaml"
 fi
-corral="$work/corral run --log-level error --state-dir $work/state --workdir $work/proj $policy -- true"
+run="$bin run --log-level error --state-dir $work/state --workdir $work/proj $policy"
+corral="$run -- true"
 bwrap="bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
 
 hyperfine --style basic --warmup 10 --runs "$runs" --export-json "$work/result.json" \
@@ -46,3 +53,9 @@ jq -r '
     "ratio corral/bwrap (mean): \($r.corral.mean / $r.bwrap.mean | . * 100 | round / 100)x",
     "ratio corral/bwrap (median): \($r.corral.median / $r.bwrap.median | . * 100 | round / 100)x"
 ' "$work/result.json"
+
+if [ "${TRACE:-0}" = 1 ]; then
+	# Where the time goes, from one more run (the first line includes
+	# package initialisation, not the exec before it).
+	$run --trace -- true 2>&1 >/dev/null | grep '^trace' || true
+fi

@@ -3,6 +3,8 @@ package audit
 import (
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Event is one audit event. Each type below is one event name with its
@@ -16,8 +18,10 @@ type Event interface {
 
 // SandboxStartEvent: the workload is running.
 type SandboxStartEvent struct {
-	Summary        string   `json:"summary"`
-	PolicySHA256   string   `json:"policy_sha256"`
+	Summary      string `json:"summary"`
+	PolicySHA256 string `json:"policy_sha256"`
+	// PolicyCommit is the commit a git:REF:PATH policy was read from.
+	PolicyCommit   string   `json:"policy_commit,omitempty"`
 	PID            int      `json:"pid"`
 	Argv           []string `json:"argv"`
 	Workdir        string   `json:"workdir"`
@@ -100,7 +104,18 @@ type NetConnectEvent struct {
 	DecisionUS   int64    `json:"decision_us"`
 	Reason       string   `json:"reason,omitempty"`
 	Detail       string   `json:"detail,omitempty"`
+	// Decision is "learn" for a connection no policy allows that learn
+	// mode let through.
+	Decision string `json:"decision,omitempty"`
+	// DraftChunk is the pending advisor chunk that would allow a denied
+	// connection, once there is one; NextSteps says how to get it
+	// approved.
+	DraftChunk string `json:"draft_chunk,omitempty"`
+	NextSteps  string `json:"next_steps,omitempty"`
 }
+
+// DecisionLearn marks what learn mode let through.
+const DecisionLearn = "learn"
 
 // Outcomes of NetConnectEvent.
 const (
@@ -187,6 +202,73 @@ type PolicyReloadFailedEvent struct {
 	Error   string `json:"error"`
 }
 
+// InferenceRequest is one request to inference.local.
+const InferenceRequest = "inference.request"
+
+// InferenceRequestEvent: one request to inference.local, routed to a
+// model backend. The route's key never appears in it.
+type InferenceRequestEvent struct {
+	Route        string `json:"route"`
+	Protocol     string `json:"protocol"`
+	ClientModel  string `json:"client_model"`
+	RoutedModel  string `json:"routed_model"`
+	Status       int    `json:"status"`
+	DurationMS   int64  `json:"duration_ms"`
+	TTFBMS       int64  `json:"ttfb_ms"`
+	InputTokens  int64  `json:"input_tokens"`
+	OutputTokens int64  `json:"output_tokens"`
+	BytesIn      int64  `json:"bytes_in"`
+	BytesOut     int64  `json:"bytes_out"`
+	Binary       string `json:"binary"`
+	PID          int    `json:"pid"`
+	Error        string `json:"error,omitempty"`
+}
+
+// EventName implements Event.
+func (InferenceRequestEvent) EventName() string { return InferenceRequest }
+
+// Events of the policy advisor.
+const (
+	DraftProposed = "draft.proposed"
+	DraftApproved = "draft.approved"
+	DraftRejected = "draft.rejected"
+	DraftExpired  = "draft.expired"
+	DraftUndone   = "draft.undone"
+	// PolicyProposalRefused is a chunk that failed validation.
+	PolicyProposalRefused = "policy.proposal_refused"
+)
+
+// DraftEvent is one transition of a policy advisor chunk (Name picks the
+// event: draft.proposed, .approved, .rejected, .expired, .undone).
+type DraftEvent struct {
+	Name    string `json:"-"`
+	Draft   string `json:"draft"`
+	Policy  string `json:"policy"`
+	Author  string `json:"author"`
+	Stage   int    `json:"stage"`
+	Verdict string `json:"verdict"`
+	Summary string `json:"summary"`
+	Actor   string `json:"actor,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	// Version and PolicySHA256 are the policy an approval or undo put in
+	// force.
+	Version      int    `json:"version,omitempty"`
+	PolicySHA256 string `json:"policy_sha256,omitempty"`
+}
+
+// EventName implements Event.
+func (e DraftEvent) EventName() string { return e.Name }
+
+// PolicyProposalRefusedEvent: a chunk (an agent's proposal, or the
+// advisor's own) failed validation and was not offered.
+type PolicyProposalRefusedEvent struct {
+	Author string `json:"author"`
+	Policy string `json:"policy"`
+	Reason string `json:"reason"`
+	Binary string `json:"binary,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+}
+
 func (SandboxStartEvent) EventName() string             { return SandboxStart }
 func (SandboxStartUncagedEvent) EventName() string      { return SandboxStartUncaged }
 func (SandboxExitEvent) EventName() string              { return SandboxExit }
@@ -202,6 +284,7 @@ func (HTTPRequestEvent) EventName() string              { return HTTPRequest }
 func (TLSHandshakeFailedEvent) EventName() string       { return TLSHandshakeFailed }
 func (PolicyReloadedEvent) EventName() string           { return PolicyReloaded }
 func (PolicyReloadFailedEvent) EventName() string       { return PolicyReloadFail }
+func (PolicyProposalRefusedEvent) EventName() string    { return PolicyProposalRefused }
 
 // EventName picks net.connect.allowed, .denied, .failed or .revoked.
 func (e NetConnectEvent) EventName() string {
@@ -216,9 +299,42 @@ func (e NetConnectEvent) EventName() string {
 	return NetConnectDenied
 }
 
-// Log writes e.
+// Log hands e to the observers, then writes it.
 func (l *Logger) Log(e Event) {
+	if o, ok := observers.Load(l.s); ok {
+		for _, f := range *o.(*observerList).fs.Load() {
+			f(e)
+		}
+	}
 	l.emit(e.EventName(), fields(e)...)
+}
+
+// observerList holds a sink's observers; Log reads it without a lock.
+type observerList struct {
+	mu sync.Mutex
+	fs atomic.Pointer[[]func(Event)]
+}
+
+// observers maps a sink to its observerList, so that every Logger sharing
+// the sink (For) sees the same observers.
+var observers sync.Map
+
+// Observe calls f with every event logged through l or any Logger sharing
+// its sink, synchronously in Log and before rate limits or truncation, so
+// f sees every event the typed way it was made (the policy advisor counts
+// denials from them). f runs on the caller's path, often the proxy's: it
+// must be cheap and must not log.
+func (l *Logger) Observe(f func(Event)) {
+	v, _ := observers.LoadOrStore(l.s, &observerList{})
+	o := v.(*observerList)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var next []func(Event)
+	if cur := o.fs.Load(); cur != nil {
+		next = append(next, *cur...)
+	}
+	next = append(next, f)
+	o.fs.Store(&next)
 }
 
 // fields turns an event struct into alternating keys and values, in the

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/decide"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
 )
 
 func newPolicyCmd() *cobra.Command {
@@ -28,13 +29,15 @@ func newPolicyCmd() *cobra.Command {
 
 func newPolicyCheckCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "check FILE",
+		Use:   "check FILE|git:REF:PATH",
 		Short: "Validate a policy file",
-		Long: `Validate a policy file. Exits 0 when it is valid (printing any warnings), or
-prints every problem as "field.path: what is wrong — how to fix" and exits 2.`,
+		Long: `Validate a policy file (or, given git:REF:PATH, the file as committed on REF of
+the current directory's repository). Exits 0 when it is valid (printing any
+warnings), or prints every problem as "field.path: what is wrong — how to
+fix" and exits 2.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := policy.Load(args[0])
+			p, err := loadPolicy(args[0], ".")
 			if err != nil {
 				var ve *policy.ValidationError
 				if errors.As(err, &ve) {
@@ -48,10 +51,10 @@ prints every problem as "field.path: what is wrong — how to fix" and exits 2.`
 			for _, w := range p.Warnings() {
 				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w.String())
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (sha256 %s)\n", args[0], p.SHA256())
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (sha256 %s)\n", p.Source, p.SHA256())
 			if len(p.Inherited) > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s from the built-in default (left out of the file; extends: none to leave them empty)\n",
-					args[0], strings.Join(p.Inherited, ", "))
+					p.Source, strings.Join(p.Inherited, ", "))
 			}
 			return nil
 		},
@@ -74,15 +77,19 @@ and the network plan. Nothing is started.`,
 			if len(args) == 1 {
 				path = args[0]
 			}
-			p, err := loadPolicy(path)
-			if err != nil {
-				return &exitError{code: 2, err: err}
-			}
 			wd, err := resolveWorkdir(workdir)
 			if err != nil {
 				return err
 			}
-			pl, err := plan.Build(p, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, plan.LocalHost())
+			p, err := loadPolicy(path, wd)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			planPol, err := gitsrc.ForPlan(p, wd, path)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			pl, err := plan.Build(planPol, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, plan.LocalHost())
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
@@ -104,7 +111,7 @@ and the network plan. Nothing is started.`,
 func newPolicySetCmd() *cobra.Command {
 	var stateDir, id string
 	cmd := &cobra.Command{
-		Use:   "set --sandbox ID FILE",
+		Use:   "set --sandbox ID FILE|git:REF:PATH",
 		Short: "Replace the network policy of a running sandbox",
 		Long: `Validate FILE and swap it in as the running sandbox's policy. FILE may be
 partial: each top-level section it names replaces the running one whole, and
@@ -118,13 +125,13 @@ is rejected. A rejected policy never replaces the working one.`,
 			if id == "" {
 				return &exitError{code: 2, err: fmt.Errorf("--sandbox ID is required (see corral ps)")}
 			}
-			data, err := os.ReadFile(args[0])
+			data, source, err := readPolicyFile(args[0])
 			if err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("read policy: %w", err)}
+				return &exitError{code: 2, err: err}
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			resp, err := control.Call(ctx, orStateDir(stateDir), id, control.Request{Op: control.OpSetPolicy, Policy: string(data), Source: args[0]})
+			resp, err := control.Call(ctx, orStateDir(stateDir), id, control.Request{Op: control.OpSetPolicy, Policy: string(data), Source: source})
 			if err != nil {
 				return &exitError{code: 1, err: err}
 			}
@@ -138,6 +145,24 @@ is rejected. A rejected policy never replaces the working one.`,
 	cmd.Flags().StringVar(&id, "sandbox", "", "id of the running sandbox (see corral ps)")
 	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory of the sandbox")
 	return cmd
+}
+
+// readPolicyFile reads a policy file by path, or as committed in the
+// current directory's repository for git:REF:PATH, and names its source.
+func readPolicyFile(spec string) (data []byte, source string, err error) {
+	if gitsrc.IsSpec(spec) {
+		data, commit, _, err := gitsrc.Load(".", spec)
+		if err != nil {
+			return nil, "", fmt.Errorf("read policy %w", err)
+		}
+		s, _ := gitsrc.ParseSpec(spec) // Load parsed it already
+		return data, s.Source(commit), nil
+	}
+	data, err = os.ReadFile(spec)
+	if err != nil {
+		return nil, "", fmt.Errorf("read policy: %w", err)
+	}
+	return data, spec, nil
 }
 
 func newPolicyDefaultCmd() *cobra.Command {

@@ -21,9 +21,11 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
+	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
 	"github.com/corral-sandbox/corral/internal/reload"
 	"github.com/corral-sandbox/corral/internal/sandbox"
 	"github.com/corral-sandbox/corral/internal/statedir"
@@ -62,7 +64,11 @@ type runFlags struct {
 	upstreamDNS string
 	upstreamCA  []string
 	policyRules string
-	trace       bool
+	// inferenceRoutes is the --inference-routes file.
+	inferenceRoutes string
+	trace           bool
+	// learn is --learn (policy network.learn).
+	learn bool
 }
 
 func newRunCmd() *cobra.Command {
@@ -101,6 +107,7 @@ the walltime ran out; 125 when corral failed before the command ran; 126 if
 the command cannot be executed; 127 if it was not found.`,
 		Example: `  corral run -- ls -la
   corral run --policy agent.yaml --timeout 30m -- claude
+  corral run --policy git:origin/main:.corral/policy.yaml -- claude
   corral run --env CI=1 --pass-env GITHUB_TOKEN -- make test`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -111,7 +118,7 @@ the command cannot be executed; 127 if it was not found.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.policy, "policy", "", "policy file (default: the built-in default policy; see 'corral policy explain')")
+	fl.StringVar(&f.policy, "policy", "", "policy file, or git:REF:PATH for the file as committed on REF of the working directory's repository, which the workload cannot change (default: the built-in default policy; see 'corral policy explain')")
 	fl.StringVar(&f.workdir, "workdir", "", "working directory, mounted read-write unless the policy says otherwise (default: current directory)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "walltime limit, overriding limits.walltime (e.g. 30s, 10m, 2h)")
 	fl.StringArrayVar(&f.env, "env", nil, "set K=V in the workload's environment (repeatable)")
@@ -124,6 +131,8 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.StringVar(&f.upstreamDNS, "upstream-dns", "", "resolver HOST:PORT the supervisor uses for allowed names in proxy mode (default: the host's)")
 	fl.StringArrayVar(&f.upstreamCA, "upstream-ca", nil, "PEM file of CA certificates trusted, besides the host's roots, for upstream servers of inspected (protocol: rest) connections (repeatable)")
 	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
+	fl.StringVar(&f.inferenceRoutes, "inference-routes", "", "YAML file of model routes served at inference.local (proxy mode), replacing the policy's inference section for the whole run; an empty list turns routing off")
+	fl.BoolVar(&f.learn, "learn", false, "learn mode (policy network.learn): let through connections no policy allows, except to internal addresses, and turn them into draft policy chunks (corral draft); for discovering what a workload needs, never for production")
 	fl.BoolVar(&f.trace, "trace", false, "print each start-up step and its duration to stderr (also: "+trace.Env+"=1)")
 	return cmd
 }
@@ -177,13 +186,17 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	id := newID()
 	aud := sink.For(id, f.session)
 
-	pol, err := loadPolicy(f.policy)
+	pol, err := loadPolicy(f.policy, workdir)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: f.policy})
 		return setupFailed(err)
 	}
 	for _, w := range pol.Warnings() {
 		log.Warn("policy: " + w.String())
+	}
+	if err := learnMode(pol, f.learn, cmd.ErrOrStderr()); err != nil {
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+		return setupFailed(err)
 	}
 	tr.Step("policy loaded")
 
@@ -197,7 +210,12 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		log.Warn("could not remove all stale sandbox state", "err", err)
 	}
 
-	pl, err := plan.Build(pol, plan.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
+	planPol, err := gitsrc.ForPlan(pol, workdir, f.policy)
+	if err != nil {
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+		return setupFailed(err)
+	}
+	pl, err := plan.Build(planPol, plan.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
@@ -231,6 +249,14 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(fmt.Errorf("compile policy: %w", err))
 	}
+	routes, fileRoutes := compiled.Inference, (*inference.Config)(nil)
+	if f.inferenceRoutes != "" {
+		c, err := inference.LoadRoutesFile(f.inferenceRoutes)
+		if err != nil {
+			return setupFailed(fmt.Errorf("--inference-routes: %w", err))
+		}
+		routes, fileRoutes = c, &c
+	}
 	masked, err := secrets.Load(compiled.Secrets, os.Getenv)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
@@ -239,7 +265,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	tr.Step("policy compiled, secrets loaded")
 	var eg *assemble.Egress
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(compiled, pl, masked, f, id, aud, log)
+		eg, err = newEgress(compiled, fileRoutes, pl, masked, f, id, aud, log)
 		if err != nil {
 			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 			return setupFailed(err)
@@ -249,17 +275,23 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
 			"secrets", masked.Names())
 	}
+	var inferenceEnv []string
+	if eg != nil {
+		inferenceEnv = routes.Environ()
+	} else if len(routes.Routes) > 0 {
+		log.Warn("inference routes are served only in proxy mode; inference.local does not exist in this sandbox")
+	}
 	var policies *reload.Reloader
 	if eg != nil {
 		policies = eg.Policy()
 	} else if policies, err = reload.New(compiled, nil, aud, log); err != nil {
 		return setupFailed(err)
 	}
-	env := masked.ScrubEnv(workloadEnv(os.Environ(), pl, uncaged != "", slices.Concat(masked.Env(), extraEnv)))
+	env := masked.ScrubEnv(workloadEnv(os.Environ(), pl, uncaged != "", slices.Concat(inferenceEnv, masked.Env(), extraEnv)))
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
-		Audit: aud, Log: log, PolicySHA: compiled.SHA256, Policy: policies, UncagedReason: uncaged, Egress: eg,
+		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr,
 	})
 	if err != nil || code != 0 {
@@ -268,11 +300,16 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	return nil
 }
 
-func loadPolicy(path string) (*policy.Policy, error) {
-	if path == "" {
+// loadPolicy loads the --policy given: a path, "git:REF:PATH" (read from
+// the repository workdir is in), or "" for the built-in default.
+func loadPolicy(spec, workdir string) (*policy.Policy, error) {
+	switch {
+	case spec == "":
 		return policy.Default(), nil
+	case gitsrc.IsSpec(spec):
+		return gitsrc.LoadPolicy(workdir, spec)
 	}
-	return policy.Load(path)
+	return policy.Load(spec)
 }
 
 func resolveWorkdir(dir string) (string, error) {
@@ -334,7 +371,7 @@ func safeEnv(key string) bool {
 
 // newEgress checks proxy mode's flags and hands what they say, with the
 // policy, the plan's limits and the secrets, to the egress assembly.
-func newEgress(p *policy.Compiled, pl *plan.Plan, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
+func newEgress(p *policy.Compiled, routes *inference.Config, pl *plan.Plan, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
 	var rules []byte
 	if f.policyRules != "" {
 		var err error
@@ -353,7 +390,7 @@ func newEgress(p *policy.Compiled, pl *plan.Plan, masked *secrets.Set, f runFlag
 	}
 	return assemble.New(assemble.Config{
 		ID: id, Policy: p, Rules: rules, UpstreamDNS: f.upstreamDNS, UpstreamRoots: roots,
-		Secrets: masked, Limits: pl.Limits, Audit: aud, Log: log,
+		Secrets: masked, Inference: routes, Limits: pl.Limits, Audit: aud, Log: log,
 	})
 }
 

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,45 @@ const (
 	OpStatus    = "status"
 	OpSetPolicy = "set_policy"
 )
+
+// Operations on the policy advisor's drafts (corral draft), answered by a
+// Handler that is also a DraftHandler. Their results are in
+// Response.Draft.
+const (
+	OpDraftList    = "draft.list"
+	OpDraftShow    = "draft.show"
+	OpDraftApprove = "draft.approve"
+	OpDraftReject  = "draft.reject"
+	OpDraftUndo    = "draft.undo"
+	OpDraftHistory = "draft.history"
+	OpDraftRetry   = "draft.retry"
+	OpDraftRefine  = "draft.refine"
+	// OpDraftWatch answers once the drafts change or DraftArgs.WaitMS
+	// passes, with the list: a client polls it to follow new chunks.
+	OpDraftWatch = "draft.watch"
+)
+
+// MaxWatch bounds a draft.watch, inside the connection's deadline.
+const MaxWatch = 20 * time.Second
+
+// DraftArgs are the arguments of the draft operations.
+type DraftArgs struct {
+	IDs            []string `json:"ids,omitempty"`
+	All            bool     `json:"all,omitempty"`
+	IncludeFlagged bool     `json:"include_flagged,omitempty"`
+	Reason         string   `json:"reason,omitempty"`
+	Guidance       string   `json:"guidance,omitempty"`
+	Host           string   `json:"host,omitempty"`
+	Port           uint16   `json:"port,omitempty"`
+	WaitMS         int64    `json:"wait_ms,omitempty"`
+}
+
+// DraftHandler is what a supervisor with a policy advisor implements. by
+// is the client, from the kernel's credentials. The result is encoded as
+// Response.Draft.
+type DraftHandler interface {
+	Draft(ctx context.Context, op string, args DraftArgs, by Peer) (any, error)
+}
 
 // maxRequest bounds a request; a policy is at most a few hundred KiB.
 const maxRequest = 4 << 20
@@ -55,6 +95,8 @@ type Request struct {
 	Policy string `json:"policy,omitempty"`
 	// Source names where the policy came from, for the audit trail.
 	Source string `json:"source,omitempty"`
+	// Draft holds the arguments of the draft.* operations.
+	Draft *DraftArgs `json:"draft,omitempty"`
 }
 
 // Status describes a running sandbox.
@@ -77,6 +119,8 @@ type Response struct {
 	OK     bool    `json:"ok"`
 	Error  string  `json:"error,omitempty"`
 	Status *Status `json:"status,omitempty"`
+	// Draft is the result of a draft.* operation.
+	Draft json.RawMessage `json:"draft,omitempty"`
 }
 
 // Handler is what the supervisor implements.
@@ -159,7 +203,7 @@ func handle(c net.Conn, h Handler, allow func(Peer) error, log *slog.Logger) {
 		log.Warn("control connection refused", "err", err)
 		resp = fail("refused: " + err.Error())
 	} else {
-		resp = answer(c, h)
+		resp = answer(c, h, peer)
 	}
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
 		log.Debug("control response", "err", err)
@@ -169,10 +213,13 @@ func handle(c net.Conn, h Handler, allow func(Peer) error, log *slog.Logger) {
 func fail(msg string) Response { return Response{V: Version, Error: msg} }
 
 // answer reads one request from r and carries it out.
-func answer(r io.Reader, h Handler) Response {
+func answer(r io.Reader, h Handler, peer Peer) Response {
 	req, err := readRequest(r)
 	if err != nil {
 		return fail(err.Error())
+	}
+	if strings.HasPrefix(req.Op, "draft.") {
+		return answerDraft(req, h, peer)
 	}
 	switch req.Op {
 	case OpStatus:
@@ -185,6 +232,29 @@ func answer(r io.Reader, h Handler) Response {
 	}
 	st := h.Status()
 	return Response{V: Version, OK: true, Status: &st}
+}
+
+func answerDraft(req Request, h Handler, peer Peer) Response {
+	dh, ok := h.(DraftHandler)
+	if !ok {
+		return fail("this sandbox has no policy advisor (it runs without proxy networking)")
+	}
+	var args DraftArgs
+	if req.Draft != nil {
+		args = *req.Draft
+	}
+	// Inside the connection's deadline, with room to answer.
+	ctx, cancel := context.WithTimeout(context.Background(), connDeadline-5*time.Second)
+	defer cancel()
+	out, err := dh.Draft(ctx, req.Op, args, peer)
+	if err != nil {
+		return fail(err.Error())
+	}
+	js, err := json.Marshal(out)
+	if err != nil {
+		return fail(fmt.Sprintf("encode %s result: %v", req.Op, err))
+	}
+	return Response{V: Version, OK: true, Draft: js}
 }
 
 var errTooLarge = fmt.Errorf("request larger than %d bytes", maxRequest)

@@ -197,6 +197,33 @@ type Tunnel struct {
 	// Generation is how many reloads the deciding gate had seen when it
 	// decided: a tunnel decided before a reload is decided again.
 	Generation uint64
+	// Local is set, and Up nil, for a connection to a name the supervisor
+	// answers itself.
+	Local LocalService
+}
+
+// LocalService answers a name inside the sandbox from the supervisor
+// itself (policy.local, inference.local): its connections get no policy
+// decision and no upstream, only their audit event. ServeConn returns when
+// the connection ends, having closed it.
+type LocalService interface {
+	ServeConn(ctx context.Context, client net.Conn, r Request)
+}
+
+type requestKey struct{}
+
+// WithRequest returns ctx carrying the connection's request, for the
+// handlers of a local service.
+func WithRequest(ctx context.Context, r Request) context.Context {
+	return context.WithValue(ctx, requestKey{}, r)
+}
+
+// RequestFrom returns the request of the connection a local service's
+// handler is serving: who is asking (binary, pid) and through which
+// listener.
+func RequestFrom(ctx context.Context) (Request, bool) {
+	r, ok := ctx.Value(requestKey{}).(Request)
+	return r, ok
 }
 
 // Inspector takes over an allowed connection whose decision sets Inspect

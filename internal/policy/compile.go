@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/corral-sandbox/corral/internal/hostpattern"
+	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/gobwas/glob"
 )
 
@@ -31,6 +32,8 @@ type Compiled struct {
 	Secrets []SecretScope
 	// Inspects is set when some target has a protocol.
 	Inspects bool
+	// Inference holds the model routes served at inference.local.
+	Inference inference.Config
 }
 
 // Grant is one network policy: the binaries that may reach its targets.

@@ -299,6 +299,8 @@ func (w *walker) spend(path string) bool {
 	return true
 }
 
+var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+
 func (w *walker) resolve(n *yaml.Node) *yaml.Node {
 	for n != nil && n.Kind == yaml.AliasNode {
 		n = n.Alias
@@ -319,6 +321,9 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	}
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == nullTag {
 		return // null means "unset" for every field
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		return // the type checks its own YAML when it is decoded
 	}
 	switch t.Kind() {
 	case reflect.Struct:

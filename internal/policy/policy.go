@@ -6,6 +6,8 @@ package policy
 import (
 	"slices"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/inference"
 )
 
 // Values accepted by the enum fields. The empty string is never listed here
@@ -90,6 +92,7 @@ type Policy struct {
 	Seccomp          string                   `yaml:"seccomp,omitempty" json:"seccomp,omitempty" jsonschema:"enum=default,enum=relaxed,default=default" jsonschema_description:"Seccomp profile."`
 	State            string                   `yaml:"state,omitempty" json:"state,omitempty" jsonschema:"enum=,enum=ephemeral,enum=scratch" jsonschema_description:"What survives the run: empty for nothing extra; ephemeral or scratch for a writable overlay."`
 	Secrets          map[string]Secret        `yaml:"secrets,omitempty" json:"secrets,omitempty" jsonschema_description:"Masked secrets, by the environment variable the workload sees: it holds a surrogate that the proxy swaps for the real value only in requests to the secret's hosts."`
+	Inference        *inference.Config        `yaml:"inference,omitempty" json:"inference,omitempty" jsonschema_description:"Model routes served at inference.local inside the sandbox (proxy mode): the workload's OpenAI and Anthropic clients reach the backends named here with keys they never see. Hot-reloadable; --inference-routes FILE replaces it."`
 
 	// Source records where the policy was loaded from (a path, a git ref,
 	// "<default>"); it is not part of the policy and not hashed.
@@ -177,6 +180,7 @@ type Binary struct {
 type Network struct {
 	Mode  string   `yaml:"mode,omitempty" json:"mode,omitempty" jsonschema:"enum=block,enum=proxy,enum=allow" jsonschema_description:"block: no network; proxy: egress only via the policy proxy; allow: unrestricted. Default: proxy if any network rules exist; else block."`
 	Allow []string `yaml:"allow,omitempty" json:"allow,omitempty" jsonschema_description:"Short-form rules host[:port] or cidr[:port] usable by any binary; the port defaults to 443."`
+	Learn bool     `yaml:"learn,omitempty" json:"learn,omitempty" jsonschema_description:"Learn mode (proxy mode only): connections no policy allows are let through (internal, loopback, metadata and host addresses stay refused), audited with decision: learn and turned into draft policy chunks (corral draft). For discovering what a workload needs, never for production. Fixed at start: policy set cannot change it."`
 }
 
 // Limits are resource limits. Pids and CPU are pointers so that an explicit

@@ -25,6 +25,7 @@ func (p *Policy) StaticDiff(q *Policy) []string {
 		{"seccomp", p.SeccompProfile(), q.SeccompProfile()},
 		{"state", p.State, q.State},
 		{"network.mode", p.NetworkMode(), q.NetworkMode()},
+		{"network.learn", p.Network.Learn, q.Network.Learn},
 		{"secrets", secretSources(p.Secrets), secretSources(q.Secrets)},
 	}
 	var diff []string

@@ -91,6 +91,25 @@ var compiledChecks = []func(p *Policy, r *report){
 	checkNetworkPolicies,
 	checkNetworkAllow,
 	checkSecrets,
+	checkInference,
+}
+
+// checkInference validates the model routes, whose own checks name the
+// route and field, and compiles them.
+func checkInference(p *Policy, r *report) {
+	if p.Inference == nil {
+		return
+	}
+	if err := p.Inference.Validate(); err != nil {
+		for _, e := range strings.Split(err.Error(), "\n") {
+			r.errorf("inference", "each route needs name, base_url and protocols, and takes its key from api_key: {from_env: NAME} or {from_file: PATH}", "%s", e)
+		}
+		return
+	}
+	if p.NetworkMode() != ModeProxy && len(p.Inference.Routes) > 0 {
+		r.warnf("inference", "use network.mode: proxy (or add a network rule) to serve inference.local", "inference.local is served only in proxy mode")
+	}
+	r.compiled.Inference = *p.Inference
 }
 
 func (p *Policy) check() *report {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/corral-sandbox/corral/internal/advisor/policylocal"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
@@ -34,6 +35,18 @@ func (s *supervisor) writeCA() error {
 			return fmt.Errorf("write sandbox CA: %w", err)
 		}
 	}
+	// The plan mounts this directory at /run/corral: the policy advisor's
+	// skill file for agents lands at policylocal.SkillPath.
+	skills := filepath.Join(dir, "skills")
+	if err := os.MkdirAll(skills, 0o755); err != nil {
+		return fmt.Errorf("create skills directory: %w", err)
+	}
+	if err := os.Chmod(skills, 0o755); err != nil {
+		return fmt.Errorf("skills directory: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(skills, filepath.Base(policylocal.SkillPath)), policylocal.Skill, 0o644); err != nil {
+		return fmt.Errorf("write policy advisor skill: %w", err)
+	}
 	return nil
 }
 
@@ -60,5 +73,6 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	if !l.IPv6 {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
+	s.startAdvisor(ctx)
 	return s.Egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs})
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/advisor/policylocal"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
@@ -65,6 +66,7 @@ const newPrefix = ".new-"
 // with rmdir, never recursively: if it were somehow still a mountpoint with
 // host binds below it, a recursive delete would destroy host files.
 func (r *runDir) remove() error {
+	skills := filepath.Join(statedir.TLS(r.state, r.id), "skills")
 	errs := []error{
 		os.RemoveAll(statedir.Ephemeral(r.state, r.id)),
 		ignoreNotExist(unix.Rmdir(r.root())),
@@ -74,6 +76,8 @@ func (r *runDir) remove() error {
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca-bundle.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "truststore.p12"))),
+		ignoreNotExist(os.Remove(filepath.Join(skills, filepath.Base(policylocal.SkillPath)))),
+		ignoreNotExist(unix.Rmdir(skills)),
 		ignoreNotExist(unix.Rmdir(statedir.TLS(r.state, r.id))),
 	}
 	r.lock.Close()

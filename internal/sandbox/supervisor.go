@@ -29,6 +29,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/reload"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/statedir"
+	"github.com/corral-sandbox/corral/internal/trace"
 )
 
 // Exit codes corral itself reports.
@@ -65,6 +66,8 @@ type Options struct {
 	Audit     *audit.Logger
 	Log       *slog.Logger
 	PolicySHA string
+	// PolicyCommit is the commit a git:REF:PATH policy was read from.
+	PolicyCommit string
 	// Egress is set in proxy mode: built before the sandbox starts, served
 	// on the listeners its init opens; its Policy is Policy.
 	Egress *assemble.Egress
@@ -73,6 +76,8 @@ type Options struct {
 	Stdin         *os.File
 	Stdout        *os.File
 	Stderr        *os.File
+	// Trace, when set, prints each start-up step (corral run --trace).
+	Trace *trace.Tracer
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
@@ -145,6 +150,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	if err := s.prepareScratch(); err != nil {
 		return ExitSetupFailed, err
 	}
+	s.Trace.Step("run directory, scratch")
 	if c := s.Plan.Network.Capture; c != nil {
 		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
 		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
@@ -153,6 +159,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		if err := s.writeCA(); err != nil {
 			return ExitSetupFailed, err
 		}
+		s.Trace.Step("resolv.conf, CA files written")
 	}
 	for _, d := range planDegradations(s.Plan) {
 		s.degraded(d)
@@ -161,6 +168,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, err
 	}
 	s.phase("cgroup ready")
+	s.Trace.Step("cgroup")
 
 	stdio := [3]*os.File{s.Stdin, s.Stdout, s.Stderr}
 	term := newTerminal(stdio)
@@ -193,7 +201,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			s.degraded(degradation{degradedExecTracking, fmt.Sprintf("cannot follow forks and execs (%v): a child forked before its parent exec'd an allowed binary inherits that binary's binding", err)})
 		}
 	}
+	s.Trace.Step("terminal, exec watch")
 	done := make(chan struct{})
+	clock := s.Trace.Child()
 	if err := s.startInit(done); err != nil {
 		initSock.Close()
 		return ExitSetupFailed, fmt.Errorf("start sandbox init: %w", err)
@@ -212,6 +222,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}
 		go s.watchSocketMemory(done)
 	}
+	s.Trace.Step("init started (clone with namespaces), moved into its cgroup")
 	// The control socket is up before the workload runs, so a policy
 	// update or a ps never finds a running sandbox without one.
 	ctlCtx, stopCtl := context.WithCancel(ctx)
@@ -227,7 +238,8 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			}
 		}()
 	}
-	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root()}
+	s.Trace.Step("control socket")
+	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
@@ -240,6 +252,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		if err := s.startEgress(egressCtx, sup); err != nil {
 			return exitCode(err), err
 		}
+		s.Trace.Step("listeners received, egress serving")
 	}
 	if term != nil {
 		if err := s.attachTerminal(sup, term); err != nil {
@@ -272,9 +285,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
 	}
 	s.phase("workload running")
+	s.Trace.Step("workload running")
 	s.Audit.Log(audit.SandboxStartEvent{
 		Summary:        s.Plan.Summary(s.ID),
 		PolicySHA256:   s.PolicySHA,
+		PolicyCommit:   s.PolicyCommit,
 		PID:            s.cmd.Process.Pid,
 		Argv:           s.Argv,
 		Workdir:        s.Plan.Workdir,

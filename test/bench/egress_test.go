@@ -49,6 +49,22 @@ elif mode == "setup":
         s.close()
     lat.sort()
     print("p50_us %.0f p99_us %.0f" % (lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6))
+elif mode == "cpu":
+    # Download when told, so the supervisor's CPU time can be read just
+    # before and after; stay until told, so it is still there to read.
+    print("ready", flush=True)
+    sys.stdin.readline()
+    s = socket.create_connection((host, port))
+    s.sendall(b"%d\n" % n)
+    got = 0
+    while True:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        got += len(b)
+    assert got == n, got
+    print("done", flush=True)
+    sys.stdin.readline()
 elif mode == "hold":
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 256), hard))

@@ -13,18 +13,23 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/decide"
 	"github.com/corral-sandbox/corral/internal/egress/dialer"
 	"github.com/corral-sandbox/corral/internal/egress/dns"
 	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/httpproxy"
+	"github.com/corral-sandbox/corral/internal/egress/localsvc"
 	"github.com/corral-sandbox/corral/internal/egress/socks5"
 	"github.com/corral-sandbox/corral/internal/egress/transparent"
+	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
 	"github.com/corral-sandbox/corral/internal/l7/inspect"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
@@ -52,6 +57,10 @@ type Config struct {
 	UpstreamRoots func() *x509.CertPool
 	// Secrets are swapped into inspected requests; nil for none.
 	Secrets *secrets.Set
+	// Inference, from --inference-routes, replaces the policy's model
+	// routes for the whole run (reloads do not change them); nil keeps
+	// the policy's.
+	Inference *inference.Config
 	// Limits are the plan's: Connections and TunnelIdleMS bound the
 	// tunnels.
 	Limits plan.Limits
@@ -66,9 +75,28 @@ type Egress struct {
 	ca     *ca.CA
 	system []byte // what the host trusts (ca.HostTrust)
 	policy *reload.Reloader
+	// dial connects upstream for every listener and the model routes.
+	dial *dialer.Dialer
+	// router answers inference.local.
+	router *inference.Router
+	// services are the names the supervisor answers itself (AddService).
+	services map[string]http.Handler
+	// advice names pending policy chunks in refusals (SetAdvice).
+	advice egress.Advice
 	// gate carries the open connections once Start has run; a reload
 	// re-decides them.
 	gate atomic.Pointer[gate.Gate]
+}
+
+// AddService has the supervisor answer name inside the sandbox with h, on
+// ports 80 (HTTP) and 443 (HTTPS with a leaf of the sandbox CA), through
+// every listener; the name resolves whatever the policy says, and its
+// connections are audited but not decided. Call it before Start.
+func (e *Egress) AddService(name string, h http.Handler) {
+	if e.services == nil {
+		e.services = map[string]http.Handler{}
+	}
+	e.services[strings.ToLower(name)] = h
 }
 
 // New prepares the policy's decisions and creates the sandbox's CA.
@@ -88,7 +116,10 @@ func New(c Config) (*Egress, error) {
 	for _, w := range warnings {
 		c.Log.Warn(w)
 	}
-	e := &Egress{cfg: c, ca: authority, system: system}
+	e := &Egress{cfg: c, ca: authority, system: system, dial: dialer.New(c.UpstreamDNS)}
+	if err := e.newRouter(); err != nil {
+		return nil, err
+	}
 	if e.policy, err = reload.New(c.Policy, e.build, c.Audit, c.Log); err != nil {
 		return nil, fmt.Errorf("compile network policy: %w", err)
 	}
@@ -113,6 +144,11 @@ func (e *Egress) build(c *policy.Compiled, prev *reload.Snapshot) (reload.Decide
 	}
 	scoped, err := prev.Secrets.Rescope(c.Secrets)
 	if err != nil {
+		return nil, nil, err
+	}
+	// Last, as the one step that takes effect at once: nothing after it
+	// can fail.
+	if err := e.swapRoutes(c); err != nil {
 		return nil, nil, err
 	}
 	return engine, scoped, nil
@@ -159,14 +195,18 @@ type Sandbox struct {
 func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 	c, l := e.cfg, sb.Listeners
 	pool := dns.NewPool(netclass.SyntheticPrefix)
-	dial := dialer.New(c.UpstreamDNS)
+	dial := e.dial
+	// Learn mode is fixed at start (a reload cannot change it).
+	learn := c.Policy.Policy.Network.Learn
 	g := &gate.Gate{
+		Advice:     e.advice,
+		Learn:      learn,
 		Decider:    e.policy,
 		Dialer:     dial,
 		Identifier: &procident.Resolver{InitPID: sb.InitPID, Execs: sb.Execs},
 		Inspector: &inspect.Inspector{
 			Policy: e.policy, CA: e.ca, Dialer: dial,
-			RootCAs: c.UpstreamRoots, Audit: c.Audit, Log: c.Log,
+			RootCAs: c.UpstreamRoots, Audit: c.Audit, Log: c.Log, Advice: e.advice,
 		},
 		Audit: c.Audit,
 		Log:   c.Log,
@@ -174,11 +214,17 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 		// descriptors are the supervisor's, whichever listener spends them.
 		Admission: gate.NewAdmission(int(c.Limits.Connections), c.Audit, c.Log),
 	}
+	for name, h := range e.services {
+		if g.Services == nil {
+			g.Services = map[string]egress.LocalService{}
+		}
+		g.Services[name] = &localsvc.Service{Name: name, Handler: h, CA: e.ca, Log: c.Log}
+	}
 	e.gate.Store(g)
-	resolver := &dns.Server{Decider: e.policy, Audit: c.Audit, Log: c.Log, Pool: pool}
+	resolver := &dns.Server{Decider: localNames{e.policy, g.Services}, Audit: c.Audit, Log: c.Log, Pool: pool, Learn: learn}
 	idle := time.Duration(c.Limits.TunnelIdleMS) * time.Millisecond
 	tp := &transparent.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
-	hp := &httpproxy.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
+	hp := &httpproxy.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle, Advice: e.advice}
 	sp := &socks5.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
 
 	serve := func(what string, f *os.File, run func(net.Listener) error) error {
@@ -230,4 +276,16 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 		}
 	}
 	return nil
+}
+
+// localNames answers the services' names in DNS as well as the names the
+// policy allows.
+type localNames struct {
+	*reload.Reloader
+	services map[string]egress.LocalService
+}
+
+func (l localNames) NameAllowed(host string) bool {
+	_, ok := l.services[strings.ToLower(strings.TrimSuffix(host, "."))]
+	return ok || l.Reloader.NameAllowed(host)
 }

@@ -73,22 +73,45 @@ func New(upstreamDNS string) *Dialer {
 // never when netclass.NeverAllowed says so. Survivors are tried in resolver
 // order. A refusal is a *egress.DenyError.
 func (d *Dialer) Dial(ctx context.Context, r egress.Request, allowed []netip.Prefix) (net.Conn, error) {
+	allowed = normalizePrefixes(allowed)
+	return d.connect(ctx, r, func(ip netip.Addr) string {
+		if d.self(ip) {
+			// Listening on all interfaces makes a host service reachable
+			// at every address of the host, not only loopback.
+			return fmt.Sprintf("%s (this host's own address, never allowed)", ip)
+		}
+		return check(ip, allowed)
+	})
+}
+
+// Backend connects to an inference route's backend. The operator names it
+// explicitly in a route, which no workload can write, so the loopback,
+// private and own addresses a local model server listens on are allowed,
+// for that route only; metadata, link-local and corral's own synthetic
+// and capture addresses stay refused.
+func (d *Dialer) Backend(ctx context.Context, r egress.Request) (net.Conn, error) {
+	return d.connect(ctx, r, func(ip netip.Addr) string {
+		switch class, internal := netclass.Classify(ip); {
+		case !internal, class == netclass.ClassLoopback, class == netclass.ClassPrivate,
+			class == netclass.ClassULA, class == netclass.ClassCGNAT:
+			return ""
+		default:
+			return fmt.Sprintf("%s (%s, never a backend)", ip, class)
+		}
+	})
+}
+
+// connect dials the first of r's addresses that refuse (a reason, or "")
+// lets through.
+func (d *Dialer) connect(ctx context.Context, r egress.Request, refuse func(netip.Addr) string) (net.Conn, error) {
 	cands, err := d.candidates(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	allowed = normalizePrefixes(allowed)
-
 	var ok []netip.Addr
 	var refused []string
 	for _, ip := range cands {
-		if d.self(ip) {
-			// Listening on all interfaces makes a host service reachable
-			// at every address of the host, not only loopback.
-			refused = append(refused, fmt.Sprintf("%s (this host's own address, never allowed)", ip))
-			continue
-		}
-		if why := check(ip, allowed); why != "" {
+		if why := refuse(ip); why != "" {
 			refused = append(refused, why)
 			continue
 		}

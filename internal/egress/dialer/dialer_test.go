@@ -356,3 +356,33 @@ func TestHostOwnAddressRefused(t *testing.T) {
 	_, err = d.Dial(context.Background(), egress.Request{IP: netip.MustParseAddr("203.0.113.78"), Port: 22}, nil)
 	wantDeny(t, err, egress.ReasonInternalAddress)
 }
+
+// An inference route's backend may be a model server on this host's
+// loopback, which no policy can open; metadata and link-local addresses
+// stay refused even there.
+func TestBackendAllowsLoopbackNotMetadata(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	port := uint16(l.Addr().(*net.TCPAddr).Port)
+	d := &Dialer{Timeout: time.Second}
+	c, err := d.Backend(context.Background(), egress.Request{IP: netip.MustParseAddr("127.0.0.1"), Port: port})
+	if err != nil {
+		t.Fatalf("a route's loopback backend: %v", err)
+	}
+	c.Close()
+	for _, ip := range []string{"169.254.169.254", "fe80::1", "198.18.0.5", "::ffff:169.254.169.254"} {
+		c, err := d.Backend(context.Background(), egress.Request{IP: netip.MustParseAddr(ip), Port: 80})
+		if c != nil {
+			c.Close()
+		}
+		wantDeny(t, err, egress.ReasonInternalAddress)
+	}
+}

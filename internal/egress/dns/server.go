@@ -50,6 +50,10 @@ type Server struct {
 	Audit   *audit.Logger
 	Log     *slog.Logger
 	Pool    *Pool
+	// Learn gives every valid name a synthetic address (network.learn):
+	// the name still leaves the supervisor only when a connection to it
+	// is made, and the gate decides that connection.
+	Learn bool
 
 	once      sync.Once
 	denied    *eventLimiter
@@ -319,7 +323,7 @@ func (s *Server) answer(q *mdns.Msg, src netip.AddrPort) *mdns.Msg {
 		return r
 	}
 
-	if s.Decider == nil || !s.Decider.NameAllowed(name) {
+	if s.Decider == nil || !s.Learn && !s.Decider.NameAllowed(name) {
 		s.deny(qs, name, src, "not_allowed")
 		r.Rcode = mdns.RcodeNameError
 		return r

@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -40,6 +41,15 @@ type Gate struct {
 	// Admission bounds the connections the gate's listeners hold at once;
 	// nil bounds nothing.
 	Admission *Admission
+	// Advice, when set, names the pending policy chunk in denial events.
+	Advice egress.Advice
+	// Learn lets through connections refused only for want of a policy
+	// (network.learn), recorded with decision "learn"; the dialer still
+	// refuses internal addresses.
+	Learn bool
+	// Services are the names the supervisor answers itself, by
+	// lower-case name, on ports 80 and 443; no policy decides them.
+	Services map[string]egress.LocalService
 
 	// open are the tunnels being carried, which Revoke re-decides.
 	openMu sync.Mutex
@@ -52,6 +62,9 @@ type Gate struct {
 type openTunnel struct {
 	r     egress.Request
 	close func()
+	// local tunnels reach a service of the supervisor's, which no policy
+	// decides and so no reload revokes.
+	local bool
 }
 
 // Connect authorises r for the client connection and returns the upstream
@@ -61,6 +74,9 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r egress.Request) (
 	// Read before deciding: a reload that lands during the decision
 	// makes the tunnel be decided again before it carries anything.
 	gen := g.reloads.Load()
+	if svc, ok := g.Services[strings.ToLower(strings.TrimSuffix(r.Host, "."))]; ok && r.Host != "" {
+		return g.connectLocal(client, r, svc, gen, start)
+	}
 	d := g.decide(ctx, client, &r)
 	if d.Allow && d.Inspect && g.Inspector == nil {
 		d = egress.Decision{Policy: d.Policy, Reason: egress.ReasonEngine, Detail: "the endpoint asks for HTTP inspection, which is not available here"}
@@ -87,6 +103,24 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r egress.Request) (
 	return &egress.Tunnel{Up: up, Request: r, Decision: d, Generation: gen}, nil
 }
 
+// connectLocal admits a connection to one of the supervisor's services:
+// the caller is identified, for the audit event and the service, and its
+// opening checked against the name as for any host; no policy decides.
+func (g *Gate) connectLocal(client net.Conn, r egress.Request, svc egress.LocalService, gen uint64, start time.Time) (*egress.Tunnel, error) {
+	d := g.admit(client, &r)
+	if d.Reason == "" && r.Port != 80 && r.Port != 443 {
+		d = egress.Decision{Reason: egress.ReasonNoPolicy, Detail: r.Host + " answers on ports 80 and 443 only"}
+	}
+	if d.Reason == "" {
+		d = egress.Decision{Allow: true, Policy: r.Host}
+	}
+	g.report(r, d, time.Since(start))
+	if !d.Allow {
+		return nil, &egress.DenyError{Request: r, Decision: d}
+	}
+	return &egress.Tunnel{Request: r, Decision: d, Generation: gen, Local: svc}, nil
+}
+
 // Carry moves an allowed tunnel's traffic until it ends and closes both
 // ends; every listener hands its tunnels here, so none can relay without
 // the checks. ahead holds bytes the listener already read from client (a
@@ -99,6 +133,10 @@ func (g *Gate) Connect(ctx context.Context, client net.Conn, r egress.Request) (
 func (g *Gate) Carry(ctx context.Context, client net.Conn, t *egress.Tunnel, ahead []byte, idle time.Duration) {
 	ot, untrack := g.track(t, client)
 	defer untrack()
+	if t.Local != nil {
+		t.Local.ServeConn(ctx, Replay(client, ahead), t.Request)
+		return
+	}
 	// A reload between the decision and here found nothing to revoke:
 	// Revoke counts the reload before it looks at the open tunnels, and
 	// this tunnel is open from now on, so one of the two decides it again.
@@ -121,16 +159,117 @@ func (g *Gate) Carry(ctx context.Context, client net.Conn, t *egress.Tunnel, ahe
 		// What the inspector read of it is in raw already.
 		client, ahead = raw, nil
 	}
-	if _, _, err := relay.Relay(Guarded(client, ahead, t.Request, check), t.Up, idle); err != nil && g.Log != nil {
-		g.Log.Debug("tunnel ended", "via", t.Request.Via, "target", t.Request.Target(), "err", err)
+	// A tunnel with nothing left to check is handed to the relay bare,
+	// opening sent first, so the kernel can move its bytes (splice)
+	// instead of the relay copying them through user space.
+	in := client
+	bare, err := settled(t, ahead, check)
+	if err == nil && !bare && len(ahead) == 0 && !t.Decision.Inspect {
+		// Nothing was read ahead (a CONNECT client waits for the 200):
+		// an opening the client sends before the server speaks may
+		// settle the tunnel just the same.
+		bare, err = settledOpening(t, client, idle, check)
 	}
+	if err == nil && bare {
+		err = sendAhead(t.Up, ahead, idle)
+	}
+	if err != nil {
+		client.Close()
+		t.Up.Close()
+		g.ended(t.Request, err)
+		return
+	}
+	if !bare {
+		in = Guarded(client, ahead, t.Request, check)
+	}
+	_, _, err = relay.Relay(in, t.Up, idle)
+	g.ended(t.Request, err)
+}
+
+func (g *Gate) ended(r egress.Request, err error) {
+	if err != nil && g.Log != nil {
+		g.Log.Debug("tunnel ended", "via", r.Via, "target", r.Target(), "err", err)
+	}
+}
+
+// settled reports whether Guarded would pass the client's bytes through
+// untouched from here on: the tunnel is not inspected, and its destination
+// is a literal address or ahead holds a complete opening that is not HTTP
+// (whose later requests would be checked) and check approves it, as
+// Guarded's first read would have. A refusal is check's error.
+func settled(t *egress.Tunnel, ahead []byte, check func(kind, name string, err error) error) (bool, error) {
+	switch {
+	case t.Decision.Inspect:
+		// What the inspector hands back is checked from its first byte.
+		return false, nil
+	case t.Request.Host == "":
+		return true, nil
+	}
+	if len(ahead) == 0 {
+		// The opening is still to come, or never will if the server
+		// speaks first (see settledOpening).
+		return false, nil
+	}
+	kind, name, complete, err := sniff.Classify(ahead)
+	if (!complete && err == nil) || (err != nil && !errors.Is(err, sniff.ErrMalformed)) || kind == sniff.KindHTTP {
+		return false, nil
+	}
+	if err := check(kind, name, err); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// settledOpening waits for the first end of the tunnel to speak and, if
+// the client's opening comes first and settles the tunnel, reads it and
+// sends it upstream. Otherwise nothing has been read and the guard reads
+// the opening as it always does.
+func settledOpening(t *egress.Tunnel, client net.Conn, idle time.Duration, check func(kind, name string, err error) error) (bool, error) {
+	c, cok := client.(*net.TCPConn)
+	u, uok := t.Up.(*net.TCPConn)
+	if !cok || !uok {
+		return false, nil
+	}
+	classified := func(b []byte) bool {
+		_, _, complete, err := sniff.Classify(b)
+		return complete || err != nil
+	}
+	opening, err := relay.Opening(c, u, idle, sniff.DefaultTimeout, sniff.DefaultMax, classified)
+	if err != nil || opening == nil {
+		return false, err
+	}
+	bare, err := settled(t, opening, check)
+	if err != nil || !bare {
+		return false, err
+	}
+	// The client's first bytes are still queued; these are they.
+	if _, err := io.ReadFull(c, opening); err != nil {
+		return false, err
+	}
+	return true, sendAhead(u, opening, idle)
+}
+
+// sendAhead writes the bytes the listener read ahead to up, within the
+// idle timeout the relay would have given them.
+func sendAhead(up net.Conn, ahead []byte, idle time.Duration) error {
+	if len(ahead) == 0 {
+		return nil
+	}
+	if idle > 0 {
+		up.SetWriteDeadline(time.Now().Add(idle))
+		defer up.SetWriteDeadline(time.Time{})
+	}
+	_, err := up.Write(ahead)
+	return err
 }
 
 // track records t as open until untrack is called.
 func (g *Gate) track(t *egress.Tunnel, client net.Conn) (ot *openTunnel, untrack func()) {
-	ot = &openTunnel{r: t.Request, close: func() {
+	ot = &openTunnel{r: t.Request, local: t.Local != nil, close: func() {
 		client.Close()
-		t.Up.Close()
+		if t.Up != nil {
+			t.Up.Close()
+		}
 	}}
 	g.openMu.Lock()
 	if g.open == nil {
@@ -170,10 +309,10 @@ func (g *Gate) Revoke(ctx context.Context) int {
 
 // revoke decides ot again and closes it if the policy in force denies it.
 func (g *Gate) revoke(ctx context.Context, ot *openTunnel) bool {
-	if g.Decider == nil {
+	if g.Decider == nil || ot.local {
 		return false
 	}
-	d := g.Decider.Decide(ctx, ot.r)
+	d := g.learn(g.Decider.Decide(ctx, ot.r))
 	if d.Allow {
 		return false
 	}
@@ -200,6 +339,27 @@ func Guarded(client net.Conn, ahead []byte, r egress.Request, check func(kind, n
 }
 
 func (g *Gate) decide(ctx context.Context, client net.Conn, r *egress.Request) egress.Decision {
+	if d := g.admit(client, r); d.Reason != "" {
+		return d
+	}
+	if g.Decider == nil {
+		return egress.Decision{Reason: egress.ReasonEngine, Detail: "no decision engine"}
+	}
+	return g.learn(g.Decider.Decide(ctx, *r))
+}
+
+// learn turns a refusal for want of a policy into an allowance in learn
+// mode.
+func (g *Gate) learn(d egress.Decision) egress.Decision {
+	if !g.Learn || d.Allow || !egress.Learnable(d.Reason) {
+		return d
+	}
+	return egress.Decision{Allow: true, Policy: audit.DecisionLearn, Reason: audit.DecisionLearn, Detail: "learn mode: no policy allows this"}
+}
+
+// admit identifies the caller into r and checks that the name its opening
+// announces is the one it asked for; a refusal has a Reason.
+func (g *Gate) admit(client net.Conn, r *egress.Request) egress.Decision {
 	if g.Identifier != nil {
 		id, err := g.Identifier.Identify(client)
 		if err != nil {
@@ -214,10 +374,7 @@ func (g *Gate) decide(ctx context.Context, client net.Conn, r *egress.Request) e
 		}
 		return egress.Decision{Reason: reason, Detail: r.SniffedKind + " " + r.Sniffed + " does not match " + r.Host}
 	}
-	if g.Decider == nil {
-		return egress.Decision{Reason: egress.ReasonEngine, Detail: "no decision engine"}
-	}
-	return g.Decider.Decide(ctx, *r)
+	return egress.Decision{}
 }
 
 // identityRefusal is the decision on a connection whose client could not
@@ -270,7 +427,13 @@ func (g *Gate) report(r egress.Request, d egress.Decision, latency time.Duration
 		outcome, msg = audit.OutcomeFailed, "network connection allowed but its destination could not be reached"
 	}
 	if g.Audit != nil {
-		g.Audit.Log(connectEvent(outcome, r, d, latency))
+		ev := connectEvent(outcome, r, d, latency)
+		if outcome == audit.OutcomeDenied && g.Advice != nil && egress.Learnable(d.Reason) {
+			var next []string
+			ev.DraftChunk, next = g.Advice.For(r)
+			ev.NextSteps = strings.Join(next, "; ")
+		}
+		g.Audit.Log(ev)
 	}
 	if g.Log != nil && !d.Allow {
 		g.Log.Warn(msg, "target", r.Target(), "binary", r.Identity.Binary, "reason", d.Reason, "detail", d.Detail)
@@ -290,6 +453,9 @@ func connectEvent(outcome string, r egress.Request, d egress.Decision, latency t
 	}
 	if !d.Allow {
 		ev.Reason, ev.Detail = d.Reason, d.Detail
+	}
+	if d.Allow && d.Reason == audit.DecisionLearn {
+		ev.Decision = audit.DecisionLearn
 	}
 	return ev
 }

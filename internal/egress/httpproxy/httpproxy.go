@@ -40,6 +40,8 @@ type Server struct {
 	Log   *slog.Logger
 	// IdleTimeout ends a tunnel with no traffic either way; 0 never.
 	IdleTimeout time.Duration
+	// Advice, when set, names the pending policy chunk in refusals.
+	Advice egress.Advice
 }
 
 // Serve accepts on l until ctx is done or l is closed; both return nil.
@@ -165,9 +167,10 @@ func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request, raw
 		s.refuse(c, err)
 		return
 	}
-	if t.Decision.Inspect {
-		// The inspector reads the request again from its raw bytes and
-		// decides it, and any that follow on the connection, one by one.
+	if t.Decision.Inspect || t.Local != nil {
+		// The inspector (or the supervisor's own service) reads the
+		// request again from its raw bytes, and any that follow on the
+		// connection.
 		s.Gate.Carry(ctx, c, t, raw, s.IdleTimeout)
 		return
 	}
@@ -304,6 +307,8 @@ type denyBody struct {
 	Binary    string `json:"binary"`
 	Policy    string `json:"policy"`
 	NextSteps string `json:"next_steps"`
+	// DraftChunk is the pending policy chunk that would allow this.
+	DraftChunk string `json:"draft_chunk,omitempty"`
 }
 
 // refuse answers a failed gate.Connect: 403 for a policy refusal, 502 when
@@ -345,6 +350,13 @@ func (s *Server) refuse(c net.Conn, err error) {
 	default:
 		body.NextSteps = "ask the operator to add an endpoint for " + r.Target() +
 			" to a network policy that lists this binary; denied requests are logged and can be approved with corral policy set"
+		if s.Advice != nil && egress.Learnable(d.Reason) {
+			var next []string
+			body.DraftChunk, next = s.Advice.For(r)
+			if len(next) > 0 {
+				body.NextSteps = strings.Join(next, "; ")
+			}
+		}
 	}
 	s.writeJSON(c, status, d.Reason, body)
 }

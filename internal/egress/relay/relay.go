@@ -24,7 +24,9 @@ var ErrIdle = errors.New("relay: idle timeout")
 // half-closed (CloseWrite) so its reader sees EOF while replies still flow
 // back, as request/response protocols over a shutdown() socket need. An
 // error in either direction ends both. idle > 0 ends the relay after that
-// long without a byte either way; 0 means no limit.
+// long without a byte either way; 0 means no limit. Between two bare TCP
+// connections the kernel moves the bytes (splice); through any wrapper they
+// are copied.
 func Relay(a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
@@ -66,16 +68,17 @@ func Relay(a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
 func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
 	var n int64
 	var err error
-	if idle > 0 {
-		n, err = copyIdle(dst, src, idle, last)
+	if d, s, ok := sockets(dst, src); ok {
+		n, err = spliceCopy(d, s, idle, last)
+		if errors.Is(err, errNoPipe) {
+			// Out of descriptors for a pipe: the tunnel still works,
+			// through user space.
+			var m int64
+			m, err = copyLoop(dst, src, idle, last)
+			n += m
+		}
 	} else {
-		// A plain buffered copy, not io.Copy's splice(2): splicing parks
-		// two pipes (four descriptors) per tunnel in a pool that only the
-		// garbage collector empties, so after a burst of tunnels the
-		// supervisor would hold thousands of idle descriptors.
-		buf := bufPool.Get().(*[]byte)
-		n, err = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *buf)
-		bufPool.Put(buf)
+		n, err = copyLoop(dst, src, idle, last)
 	}
 	if err != nil {
 		return n, err
@@ -86,6 +89,19 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		}
 	}
 	return n, nil
+}
+
+// copyLoop copies src to dst through a buffer.
+func copyLoop(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	if idle > 0 {
+		return copyIdle(dst, src, idle, last)
+	}
+	// Not io.Copy's ReadFrom: a wrapper may still unwrap to a TCPConn
+	// there, and Go's splice parks two pipes (four descriptors) per
+	// tunnel in a pool that only the garbage collector empties.
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	return io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *buf)
 }
 
 // copyIdle copies with a deadline per read, treating a timeout as idleness

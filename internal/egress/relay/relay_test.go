@@ -9,7 +9,7 @@ import (
 )
 
 // tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+func tcpPair(t testing.TB) (net.Conn, net.Conn) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

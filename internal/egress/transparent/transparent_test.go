@@ -90,6 +90,12 @@ func (h *harness) expectResetOnDial(t *testing.T) {
 	}
 }
 
+// writeOnly is a connection whose reads never return, for a client that
+// must only send.
+type writeOnly struct{ net.Conn }
+
+func (writeOnly) Read([]byte) (int, error) { select {} }
+
 func expectReset(t *testing.T, c net.Conn) {
 	t.Helper()
 	_, err := io.ReadAll(c)
@@ -209,7 +215,9 @@ func TestLiteralIP(t *testing.T) {
 func TestDeniedSyntheticName(t *testing.T) {
 	h := start(t, netip.AddrPortFrom(synthOther, 443), echoAtEOF)
 	c := h.dial(t)
-	go tls.Client(c, &tls.Config{ServerName: "other.test"}).Handshake()
+	// The handshake only sends its ClientHello: were it to read too, it
+	// could take the reset and leave expectReset an EOF.
+	go tls.Client(writeOnly{c}, &tls.Config{ServerName: "other.test"}).Handshake()
 	expectReset(t, c)
 	if ev := h.lastEvent(t, audit.NetConnectDenied); ev["host"] != "other.test" || ev["reason"] != egress.ReasonNoPolicy {
 		t.Fatalf("event %v", ev)

@@ -211,6 +211,8 @@ type denyBody struct {
 	Path      string `json:"path"`
 	Binary    string `json:"binary"`
 	NextSteps string `json:"next_steps"`
+	// DraftChunk is the pending policy chunk that would allow this.
+	DraftChunk string `json:"draft_chunk,omitempty"`
 }
 
 func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPRequest, d egress.HTTPDecision, set *secrets.Set) {
@@ -241,6 +243,13 @@ func (h *handler) deny(w http.ResponseWriter, req *http.Request, hr egress.HTTPR
 	default:
 		b.NextSteps = fmt.Sprintf("ask the operator to add a rule allowing %s %s on %s to policy %q; denied requests are logged and can be approved with corral policy set",
 			hr.Method, hr.Path, r.Target(), d.Policy)
+		// Only a chunk already proposed answers an L7 refusal: the
+		// advisor proposes for denied connections and audited requests.
+		if h.in.Advice != nil {
+			if chunk, next := h.in.Advice.For(r); chunk != "" {
+				b.DraftChunk, b.NextSteps = chunk, strings.Join(next, "; ")
+			}
+		}
 	}
 	js, _ := json.Marshal(b)
 	w.Header().Set("Content-Type", "application/json")

@@ -17,10 +17,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/http/httputil"
 	"os"
 	"sync"
@@ -29,21 +27,19 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/l7/ca"
+	"github.com/corral-sandbox/corral/internal/l7/httpconn"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/reload"
 )
 
 const (
-	// headTimeout bounds the wait for a client's first bytes and for each
-	// request head.
-	headTimeout = 30 * time.Second
+	// headTimeout bounds the wait for a client's first bytes.
+	headTimeout = httpconn.HeadTimeout
 	// handshakeTimeout bounds the client's TLS handshake.
 	handshakeTimeout = 10 * time.Second
 	// defaultIdle ends a keep-alive connection with no request in flight.
 	defaultIdle = 5 * time.Minute
-	// maxHeaderBytes bounds one request head.
-	maxHeaderBytes = 64 << 10
 	// recordTLSHandshake is the first byte of every TLS connection.
 	recordTLSHandshake = 0x16
 )
@@ -69,6 +65,8 @@ type Inspector struct {
 	// IdleTimeout ends a client connection with no request in flight;
 	// defaultIdle if 0.
 	IdleTimeout time.Duration
+	// Advice, when set, names the pending policy chunk in refusals.
+	Advice egress.Advice
 }
 
 var _ egress.Inspector = (*Inspector)(nil)
@@ -204,7 +202,7 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
 		ModifyResponse: h.response,
-		Transport:      scrubTransport{h: h, rt: up.transport},
+		Transport:      scrubTransport{h: h, rt: up.serial},
 		// Zero: ReverseProxy still flushes every write of a streamed
 		// response (SSE, or no Content-Length), and a sized one goes out
 		// whole instead of a TLS record per write.
@@ -213,30 +211,11 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 		BufferPool:    copyBuffers,
 		ErrorLog:      slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
 	}
-	ln := newConnListener(c)
 	idle := in.IdleTimeout
 	if idle == 0 {
 		idle = defaultIdle
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: headTimeout,
-		IdleTimeout:       idle,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(in.log().Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
-				ln.Close()
-			}
-		},
-	}
-	stop := context.AfterFunc(ctx, func() {
-		ln.Close()
-		c.Close()
-	})
-	defer stop()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := httpconn.Serve(ctx, c, h, idle, in.log()); err != nil {
 		in.log().Debug("inspected connection ended", "target", t.Request.Target(), "err", err)
 	}
 	// A hijacked (upgraded) connection outlives Serve; its handler is
@@ -274,36 +253,3 @@ func (c *bufferedConn) CloseWrite() error {
 	}
 	return nil
 }
-
-// connListener hands out one connection, then blocks until closed, so an
-// http.Server can serve a connection someone else accepted.
-type connListener struct {
-	c    chan net.Conn
-	done chan struct{}
-	once sync.Once
-	addr net.Addr
-}
-
-func newConnListener(c net.Conn) *connListener {
-	l := &connListener{c: make(chan net.Conn, 1), done: make(chan struct{}), addr: c.LocalAddr()}
-	l.c <- c
-	return l
-}
-
-func (l *connListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.c:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *connListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *connListener) Addr() net.Addr { return l.addr }
-
-var _ io.Closer = (*connListener)(nil)

@@ -18,25 +18,24 @@ import (
 // keep-alive). Each tunnel has its own transport, so connections are
 // never shared between sandbox processes or destinations.
 type upstream struct {
+	in        *Inspector
+	t         *egress.Tunnel
 	transport *http.Transport
-	mu        sync.Mutex
-	first     net.Conn
+	// serial carries an HTTP/1.x client's simple requests, falling back
+	// to transport for the rest.
+	serial *serial
+	mu     sync.Mutex
+	first  net.Conn
 }
 
 func newUpstream(in *Inspector, t *egress.Tunnel, scheme string) *upstream {
-	u := &upstream{first: t.Up}
+	u := &upstream{in: in, t: t, first: t.Up}
+	roots := in.roots()
 	u.transport = &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			u.mu.Lock()
-			c := u.first
-			u.first = nil
-			u.mu.Unlock()
-			if c != nil {
-				return c, nil
-			}
-			return in.Dialer.Dial(ctx, t.Request, t.Decision.AllowedIPs)
+			return u.dial(ctx)
 		},
-		TLSClientConfig:       &tls.Config{RootCAs: in.roots(), MinVersion: tls.VersionTLS12},
+		TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
@@ -46,7 +45,25 @@ func newUpstream(in *Inspector, t *egress.Tunnel, scheme string) *upstream {
 		// and the server answered them.
 		DisableCompression: true,
 	}
+	u.serial = &serial{u: u, fallback: u.transport}
+	if scheme == "https" {
+		host, _, _ := net.SplitHostPort(t.Request.Target())
+		u.serial.tls = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, ServerName: host, NextProtos: []string{"http/1.1"}}
+	}
 	return u
+}
+
+// dial returns the gate's connection the first time, then new ones
+// through the guarded dialer.
+func (u *upstream) dial(ctx context.Context) (net.Conn, error) {
+	u.mu.Lock()
+	c := u.first
+	u.first = nil
+	u.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	return u.in.Dialer.Dial(ctx, u.t.Request, u.t.Decision.AllowedIPs)
 }
 
 func (in *Inspector) roots() *x509.CertPool {
@@ -59,6 +76,7 @@ func (in *Inspector) roots() *x509.CertPool {
 // close drops idle upstream connections and the first one if it was
 // never used.
 func (u *upstream) close() {
+	u.serial.close()
 	u.transport.CloseIdleConnections()
 	u.mu.Lock()
 	if u.first != nil {

@@ -5,9 +5,11 @@ package schema
 
 import (
 	"encoding/json"
+	"reflect"
 
 	"github.com/invopop/jsonschema"
 
+	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -25,6 +27,13 @@ func Generate() ([]byte, error) {
 		// Only version is required; everything else has a default.
 		RequiredFromJSONSchemaTags: true,
 		ExpandedStruct:             true,
+		// A route's timeout is written as a Go duration string.
+		Mapper: func(t reflect.Type) *jsonschema.Schema {
+			if t == reflect.TypeFor[inference.Duration]() {
+				return &jsonschema.Schema{Type: "string", Description: "A Go duration such as 30s or 10m.", Examples: []any{"30s", "10m"}}
+			}
+			return nil
+		},
 	}
 	s := r.Reflect(&policy.Policy{})
 	s.ID = SchemaID

@@ -16,6 +16,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/landlock"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp"
 	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/trace"
 )
 
 // ExecMain becomes the workload. Each step narrows what the next can do, so
@@ -24,6 +25,7 @@ import (
 // Landlock, install seccomp as late as possible, mark every inherited fd
 // close-on-exec, exec. On failure it reports over fd 3 and exits.
 func ExecMain() int {
+	entered := trace.Now()
 	// Capabilities and the bounding set are per thread; everything below
 	// and the final execve must happen on this one.
 	runtime.LockOSThread()
@@ -34,7 +36,10 @@ func ExecMain() int {
 		return 125
 	}
 	cfg := msg.Config
-	err := becomeWorkload(cfg)
+	tr := trace.Resume(os.Stderr, cfg.Trace)
+	tr.StepAt("exec: process started", entered)
+	tr.Step("exec: config received")
+	err := becomeWorkload(cfg, tr)
 	var se *StepError
 	if !errors.As(err, &se) {
 		se = stepErr("exec", err)
@@ -43,7 +48,7 @@ func ExecMain() int {
 	return se.Code
 }
 
-func becomeWorkload(cfg *Config) error {
+func becomeWorkload(cfg *Config, tr *trace.Tracer) error {
 	p := &cfg.Plan
 	// Relative commands (./tool) and relative PATH entries are relative to
 	// the workdir, as in the shell the user typed the command in.
@@ -54,21 +59,25 @@ func becomeWorkload(cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	tr.Step("exec: command found")
 	if err := dropPrivileges(p); err != nil {
 		return stepErr("drop privileges", err)
 	}
 	if err := verifyDropped(p.User); err != nil {
 		return stepErr("verify privileges dropped", err)
 	}
+	tr.Step("exec: privileges dropped and verified")
 	if _, err := landlock.Apply(landlock.Config{
 		ReadOnly: p.Landlock.ReadOnly, ReadWrite: p.Landlock.ReadWrite, ListOnly: p.Landlock.ListOnly,
 		Compat: landlock.Compatibility(p.Landlock.Compatibility),
 	}); err != nil {
 		return stepErr("apply landlock", err)
 	}
+	tr.Step("exec: landlock")
 	if err := seccomp.Install(seccomp.Profile(p.Seccomp.Profile), seccomp.NetMode(p.Seccomp.NetMode)); err != nil {
 		return stepErr("install seccomp filter", err)
 	}
+	tr.Step("exec: seccomp")
 	// Only fds 0-2 may reach the workload; fd 3 (our report channel) closes
 	// on a successful exec, which is how the init learns it succeeded.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/trace"
 )
 
 // forwarded are the signals the init passes on to the workload's process
@@ -26,6 +27,7 @@ var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT
 // build the root, name the host, bring up loopback, start the exec stage,
 // then reap until the workload exits. It returns the process exit code.
 func InitMain() int {
+	entered := trace.Now()
 	sup := os.NewFile(3, "supervisor")
 	unix.CloseOnExec(3)
 	// One SEQPACKET read returns one whole message; a smaller buffer
@@ -41,6 +43,9 @@ func InitMain() int {
 		return 125
 	}
 	cfg := msg.Config
+	tr := trace.Resume(os.Stderr, cfg.Trace)
+	tr.StepAt("init: process started (clone, namespaces, exec, Go runtime)", entered)
+	tr.Step("init: config received")
 
 	// The supervisor sees EOF on its socket only when we exit; we see EOF
 	// when it dies, and then the sandbox must die with it.
@@ -57,6 +62,7 @@ func InitMain() int {
 	if err := buildRoot(&cfg.Plan, cfg.RootDir); err != nil {
 		return fail(stepErr("build root filesystem", err))
 	}
+	tr.Step("init: root filesystem (mounts)")
 	if err := unix.Sethostname([]byte(cfg.Plan.Hostname)); err != nil {
 		return fail(stepErr("set hostname", err))
 	}
@@ -65,11 +71,13 @@ func InitMain() int {
 			return fail(stepErr("bring up loopback", err))
 		}
 	}
+	tr.Step("init: hostname, loopback")
 
 	if c := cfg.Plan.Network.Capture; c != nil {
 		if err := setupCapture(sup, c); err != nil {
 			return fail(stepErr("set up network capture", err))
 		}
+		tr.Step("init: capture rules, listeners handed to the supervisor")
 	}
 	stdio := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	if slices.Contains(cfg.Terminal[:], true) {
@@ -87,13 +95,14 @@ func InitMain() int {
 	if err := readOnlyProc(); err != nil {
 		return fail(stepErr("make /proc read-only", err))
 	}
+	tr.Step("init: terminal, read-only /proc")
 
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, forwarded...)
 	chld := make(chan os.Signal, 16)
 	signal.Notify(chld, unix.SIGCHLD)
 
-	pid, serr := startExec(cfg, stdio)
+	pid, serr := startExec(cfg, stdio, tr)
 	if serr != nil {
 		return fail(serr)
 	}
@@ -140,7 +149,7 @@ func reap(workload int) (code, sig int, done bool) {
 // startExec starts the exec stage in the new root and waits until it has
 // either exec'd the workload (its end of the socket closes on exec) or
 // reported why it could not.
-func startExec(cfg *Config, stdio []*os.File) (int, *StepError) {
+func startExec(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepError) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, stepErr("create exec socket", err)
@@ -156,6 +165,7 @@ func startExec(cfg *Config, stdio []*os.File) (int, *StepError) {
 	// Ctty names a descriptor of the child; the first one on the pty will do.
 	ctty := slices.Index(cfg.Terminal[:], true)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: ctty >= 0, Ctty: max(ctty, 0)}
+	cfg.Trace = tr.Child()
 	if err := cmd.Start(); err != nil {
 		child.Close()
 		return 0, stepErr("start exec stage", err)
@@ -167,6 +177,7 @@ func startExec(cfg *Config, stdio []*os.File) (int, *StepError) {
 	var reply Message
 	err = readMessage(bufio.NewReader(parent), &reply)
 	if errors.Is(err, io.EOF) {
+		tr.Step("init: workload exec'd (exec stage ran)")
 		return cmd.Process.Pid, nil
 	}
 	// The stage has failed and is exiting; collect it so it is not a zombie.

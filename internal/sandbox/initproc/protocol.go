@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/trace"
 )
 
 // Hidden sub-commands that main dispatches before the CLI is parsed.
@@ -46,6 +47,9 @@ type Config struct {
 	// RootDir is an empty host directory the init mounts the new root on
 	// inside its private mount namespace.
 	RootDir string `json:"root_dir"`
+	// Trace, set when corral run --trace, puts each stage's start-up
+	// steps on the supervisor's timeline.
+	Trace *trace.Clock `json:"trace,omitempty"`
 }
 
 // Message is one line of the sync protocol.

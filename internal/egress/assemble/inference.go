@@ -1,0 +1,78 @@
+package assemble
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+
+	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/inference"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+// newRouter creates the inference.local router on the routes in force:
+// --inference-routes, else the policy's. It is served whether or not any
+// route exists, so that a client without one is told how to configure it.
+func (e *Egress) newRouter() error {
+	routes := e.cfg.Policy.Inference
+	if e.cfg.Inference != nil {
+		routes = *e.cfg.Inference
+		if len(routes.Routes) == 0 {
+			e.cfg.Log.Info("inference routing is off: --inference-routes lists no route")
+		}
+	}
+	r, err := inference.NewRouter(routes, inference.Options{Dial: e.dialBackend, OnRequest: e.inferenceEvent})
+	if err != nil {
+		return fmt.Errorf("inference routes: %w", err)
+	}
+	e.router = r
+	e.AddService(inference.Host, r)
+	return nil
+}
+
+// swapRoutes puts c's model routes in force, unless --inference-routes
+// fixed them for the run.
+func (e *Egress) swapRoutes(c *policy.Compiled) error {
+	if e.cfg.Inference != nil {
+		return nil
+	}
+	if err := e.router.Swap(c.Inference); err != nil {
+		return fmt.Errorf("inference routes: %w", err)
+	}
+	return nil
+}
+
+// dialBackend connects to a route's backend through the guarded dialer,
+// which lets a route (never a network policy) reach a model server on
+// this host's loopback or a private network.
+func (e *Egress) dialBackend(ctx context.Context, _, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("backend port %q: %w", port, err)
+	}
+	r := egress.Request{Host: host, Port: uint16(n), Via: "inference"}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		r = egress.Request{IP: ip, Port: uint16(n), Via: "inference"}
+	}
+	return e.dial.Backend(ctx, r)
+}
+
+func (e *Egress) inferenceEvent(ctx context.Context, rec inference.Record) {
+	if e.cfg.Audit == nil {
+		return
+	}
+	r, _ := egress.RequestFrom(ctx)
+	e.cfg.Audit.Log(audit.InferenceRequestEvent{
+		Route: rec.Route, Protocol: rec.Protocol, ClientModel: rec.ClientModel, RoutedModel: rec.RoutedModel,
+		Status: rec.Status, DurationMS: rec.Duration.Milliseconds(), TTFBMS: rec.TTFB.Milliseconds(),
+		InputTokens: rec.InputTokens, OutputTokens: rec.OutputTokens, BytesIn: rec.BytesIn, BytesOut: rec.BytesOut,
+		Binary: r.Identity.Binary, PID: r.Identity.PID, Error: rec.Err,
+	})
+}

@@ -1,0 +1,102 @@
+// Package trace prints the steps of a sandbox's start-up, one line each,
+// with when each ended and how long it took: `corral run --trace` (or
+// CORRAL_TRACE=1). The supervisor, the init and the exec stage are separate
+// processes; each writes its own lines to its stderr against one timeline,
+// CLOCK_MONOTONIC, which every process on the host shares, from an origin
+// the supervisor hands down in the stages' configuration.
+//
+// A nil *Tracer is tracing off: every method returns at once, so the hooks
+// cost a nil check when nobody asked.
+package trace
+
+import (
+	"fmt"
+	"io"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Env turns tracing on when set to 1, like --trace.
+const Env = "CORRAL_TRACE"
+
+// processStart is read while the package initialises, before main runs:
+// the earliest a Go program can look at the clock after its exec.
+var processStart = Now()
+
+// Now reads CLOCK_MONOTONIC in nanoseconds.
+func Now() int64 {
+	var ts unix.Timespec
+	// CLOCK_MONOTONIC cannot fail on Linux; a zero would only skew a line.
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+// Clock is what a child stage needs to trace on its parent's timeline:
+// the run's origin, and when the parent started the child, which is where
+// the child's first step begins.
+type Clock struct {
+	Origin int64 `json:"origin"`
+	Since  int64 `json:"since"`
+}
+
+// Tracer writes one line per step: the time since the origin at which the
+// step ended, the step's own duration (since the previous step of the
+// same process), and its name.
+type Tracer struct {
+	mu     sync.Mutex
+	w      io.Writer
+	origin int64
+	last   int64
+}
+
+// New starts a timeline whose origin is this process's start; its first
+// step includes the Go runtime's start-up.
+func New(w io.Writer) *Tracer {
+	return &Tracer{w: w, origin: processStart, last: processStart}
+}
+
+// Resume continues the timeline of c in a child stage; nil c means
+// tracing is off and gives a nil Tracer.
+func Resume(w io.Writer, c *Clock) *Tracer {
+	if c == nil {
+		return nil
+	}
+	return &Tracer{w: w, origin: c.Origin, last: c.Since}
+}
+
+// Step records that the step name has just ended.
+func (t *Tracer) Step(name string) {
+	if t != nil {
+		t.StepAt(name, Now())
+	}
+}
+
+// StepAt records that the step name ended at end (a Now reading), for a
+// step whose end was noted before the tracer existed.
+func (t *Tracer) StepAt(name string, end int64) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// One write per line, so lines of concurrent processes on one
+	// stderr do not mix.
+	fmt.Fprintf(t.w, "trace %8.1fms %+8.1fms  %s\n", ms(end-t.origin), ms(end-t.last), name)
+	t.last = end
+}
+
+// Child returns the clock for a stage about to be started; nil when
+// tracing is off.
+func (t *Tracer) Child() *Clock {
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := Now()
+	t.last = now
+	return &Clock{Origin: t.origin, Since: now}
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }

@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// traceLine is one step of corral run --trace: when it ended, how long it
+// took, and its name.
+var traceLine = regexp.MustCompile(`^trace +(-?[0-9.]+)ms +\+(-?[0-9.]+)ms  (.+)$`)
+
+// TestStartupTrace runs `corral run --trace -- true` (and the same with
+// CORRAL_TRACE=1) and checks that every stage's steps reach stderr on one
+// timeline: the supervisor's, the init's and the exec stage's, each once,
+// none after the workload is reported running. Without either, nothing is
+// traced.
+func TestStartupTrace(t *testing.T) {
+	supervisor := []string{"corral started", "audit log opened", "policy loaded", "plan built", "policy compiled",
+		"cgroup", "init started (clone with namespaces)", "control socket", "workload running"}
+	stages := []string{"init: process started", "init: config received", "init: root filesystem (mounts)",
+		"init: terminal, read-only /proc", "exec: process started", "exec: privileges dropped",
+		"exec: landlock", "exec: seccomp", "init: workload exec'd"}
+	proxy := []string{"egress prepared (decision engine incl. OPA, sandbox CA)", "resolv.conf, CA files written",
+		"listeners received, egress serving", "init: capture rules, listeners handed to the supervisor"}
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		for _, tc := range []struct {
+			name   string
+			policy string // "" is the built-in default: proxy mode
+			flags  []string
+			env    []string
+			want   []string
+			absent []string
+		}{
+			{name: "proxy", flags: []string{"--trace"}, want: concat(supervisor, stages, proxy)},
+			{name: "block-env", policy: systemPolicy(""), env: []string{"CORRAL_TRACE=1"}, want: concat(supervisor, stages), absent: proxy},
+			{name: "off", policy: systemPolicy("")},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				fx := newFixture(t, m)
+				r := runCorral(t, fx, runOpts{args: []string{"true"}, policy: tc.policy, flags: tc.flags, env: tc.env})
+				if r.code != 0 {
+					t.Fatalf("want exit 0\n%s", r)
+				}
+				steps := map[string]float64{}
+				for _, l := range strings.Split(r.stderr, "\n") {
+					if !strings.HasPrefix(l, "trace") {
+						continue
+					}
+					mm := traceLine.FindStringSubmatch(l)
+					if mm == nil {
+						t.Fatalf("malformed trace line %q\n%s", l, r)
+					}
+					at, _ := strconv.ParseFloat(mm[1], 64)
+					took, _ := strconv.ParseFloat(mm[2], 64)
+					// One timeline: no step ends before the run began
+					// or takes longer than the run so far.
+					if at <= 0 || took < 0 || took > at || at > r.elapsed.Seconds()*1000 {
+						t.Errorf("step %q at %.1fms taking %.1fms does not fit a run of %v", mm[3], at, took, r.elapsed)
+					}
+					if _, dup := steps[mm[3]]; dup {
+						t.Errorf("step %q traced twice", mm[3])
+					}
+					steps[mm[3]] = at
+				}
+				if tc.want == nil && len(steps) > 0 {
+					t.Fatalf("traced without --trace or %s:\n%s", "CORRAL_TRACE", r.stderr)
+				}
+				running := -1.0
+				for name, at := range steps {
+					if name == "workload running" {
+						running = at
+					}
+				}
+				for _, w := range tc.want {
+					at, ok := findStep(steps, w)
+					if !ok {
+						t.Errorf("no trace step %q\n%s", w, r.stderr)
+					} else if at > running {
+						t.Errorf("step %q at %.1fms comes after the workload was reported running (%.1fms)", w, at, running)
+					}
+				}
+				for _, a := range tc.absent {
+					if _, ok := findStep(steps, a); ok {
+						t.Errorf("step %q traced in block mode", a)
+					}
+				}
+			})
+		}
+	})
+}
+
+func concat(s ...[]string) []string {
+	var out []string
+	for _, x := range s {
+		out = append(out, x...)
+	}
+	return out
+}
+
+// findStep finds the step whose name contains part.
+func findStep(steps map[string]float64, part string) (float64, bool) {
+	for name, at := range steps {
+		if strings.Contains(name, part) {
+			return at, true
+		}
+	}
+	return 0, false
+}
