@@ -270,7 +270,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 			return setupFailed(err)
 		}
-		tr.Step("egress prepared (decision engine incl. OPA, sandbox CA)")
+		tr.Step("egress prepared (decision index, sandbox CA, model routes)")
 	} else if masked.Len() > 0 {
 		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
 			"secrets", masked.Names())

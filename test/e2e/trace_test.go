@@ -22,7 +22,7 @@ func TestStartupTrace(t *testing.T) {
 	stages := []string{"init: process started", "init: config received", "init: root filesystem (mounts)",
 		"init: terminal, read-only /proc", "exec: process started", "exec: privileges dropped",
 		"exec: landlock", "exec: seccomp", "init: workload exec'd"}
-	proxy := []string{"egress prepared (decision engine incl. OPA, sandbox CA)", "resolv.conf, CA files written",
+	proxy := []string{"egress prepared (decision index, sandbox CA, model routes)", "resolv.conf, CA files written",
 		"listeners received, egress serving", "init: capture rules, listeners handed to the supervisor"}
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		for _, tc := range []struct {
