@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,6 +24,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
@@ -66,6 +68,7 @@ type runFlags struct {
 	policyRules string
 	// inferenceRoutes is the --inference-routes file.
 	inferenceRoutes string
+	trustedCIDRs    []string
 	trace           bool
 	// learn is --learn (policy network.learn).
 	learn bool
@@ -131,6 +134,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.StringVar(&f.upstreamDNS, "upstream-dns", "", "resolver HOST:PORT the supervisor uses for allowed names in proxy mode (default: the host's)")
 	fl.StringArrayVar(&f.upstreamCA, "upstream-ca", nil, "PEM file of CA certificates trusted, besides the host's roots, for upstream servers of inspected (protocol: rest) connections (repeatable)")
 	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
+	fl.StringArrayVar(&f.trustedCIDRs, "trusted-cidr", nil, "private network (CIDR) the policy advisor may propose in allowed_ips whole, instead of each address seen (repeatable)")
 	fl.StringVar(&f.inferenceRoutes, "inference-routes", "", "YAML file of model routes served at inference.local (proxy mode), replacing the policy's inference section for the whole run; an empty list turns routing off")
 	fl.BoolVar(&f.learn, "learn", false, "learn mode (policy network.learn): let through connections no policy allows, except to internal addresses, and turn them into draft policy chunks (corral draft); for discovering what a workload needs, never for production")
 	fl.BoolVar(&f.trace, "trace", false, "print each start-up step and its duration to stderr (also: "+trace.Env+"=1)")
@@ -154,6 +158,10 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		return setupFailed(fmt.Errorf("--session %q: use 1-64 letters, digits, '.', '_' or '-'", f.session))
 	}
 	extraEnv, err := parseEnvFlags(f.env, f.passEnv)
+	if err != nil {
+		return setupFailed(err)
+	}
+	trusted, err := parseTrustedCIDRs(f.trustedCIDRs)
 	if err != nil {
 		return setupFailed(err)
 	}
@@ -292,7 +300,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted,
 	})
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}
@@ -367,6 +375,23 @@ func safeEnv(key string) bool {
 		return true
 	}
 	return strings.HasPrefix(key, "LC_")
+}
+
+// parseTrustedCIDRs reads --trusted-cidr: private networks only, since
+// the advisor proposes them as allowed_ips, which never open the others.
+func parseTrustedCIDRs(in []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, s := range in {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p != p.Masked() {
+			return nil, fmt.Errorf("--trusted-cidr %q: want a network such as 10.20.0.0/16", s)
+		}
+		if class, internal := netclass.Classify(p.Addr()); !internal || netclass.NeverAllowed(class) {
+			return nil, fmt.Errorf("--trusted-cidr %s: only private networks can be trusted, not %s addresses", s, class)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // newEgress checks proxy mode's flags and hands what they say, with the

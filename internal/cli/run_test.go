@@ -80,3 +80,15 @@ func TestUpstreamRoots(t *testing.T) {
 		t.Error("the roots are built again on each use")
 	}
 }
+
+func TestParseTrustedCIDRs(t *testing.T) {
+	got, err := parseTrustedCIDRs([]string{"10.20.0.0/16", "fd12:3456::/48"})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("private networks refused: %v %v", got, err)
+	}
+	for _, bad := range []string{"10.20.0.1/16", "0.0.0.0/0", "127.0.0.0/8", "169.254.0.0/16", "8.8.8.0/24", "nonsense"} {
+		if _, err := parseTrustedCIDRs([]string{bad}); err == nil {
+			t.Errorf("--trusted-cidr %s accepted", bad)
+		}
+	}
+}

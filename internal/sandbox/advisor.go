@@ -7,7 +7,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/advisor/drafts"
@@ -16,9 +15,6 @@ import (
 	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/egress"
 )
-
-// advisors holds each running sandbox's policy advisor by sandbox id.
-var advisors sync.Map
 
 // DraftsDir is where a session's drafts are kept: under the state
 // directory, by session, so they outlive one supervisor.
@@ -39,28 +35,28 @@ func (s *supervisor) startAdvisor(ctx context.Context) {
 	learn := s.Policy.Current().Policy.Policy.Network.Learn
 	svc, err := service.New(service.Config{
 		Dir: DraftsDir(s.StateDir, s.Session), Reloader: s.Policy, Audit: s.Audit, Log: s.Log,
-		Resolver: s.Egress.Resolver(), NoProbe: !learn,
+		Rules: s.Egress.Rules(), TrustedCIDRs: s.TrustedCIDRs, Resolver: s.Egress.Resolver(), NoProbe: !learn,
 	})
 	if err != nil {
 		s.Log.Warn("policy advisor unavailable: denials will not become drafts", "err", err)
 		return
 	}
-	advisors.Store(s.ID, svc)
+	s.adv.Store(svc)
 	s.Egress.SetAdvice(svc)
 	s.Egress.AddService(policylocal.Host, &policylocal.Handler{Advisor: svc, Policy: s.Policy, Identify: egress.RequestFrom})
 	go func() {
 		svc.Run(ctx)
-		advisors.Delete(s.ID)
+		s.adv.Store(nil)
 		svc.Close()
 	}()
 }
 
 func (s *supervisor) advisor() (*service.Service, error) {
-	v, ok := advisors.Load(s.ID)
-	if !ok {
+	svc := s.adv.Load()
+	if svc == nil {
 		return nil, errors.New("this sandbox has no policy advisor (it runs without proxy networking, or the advisor failed to start: see its log)")
 	}
-	return v.(*service.Service), nil
+	return svc, nil
 }
 
 // Draft implements control.DraftHandler.

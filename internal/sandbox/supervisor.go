@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -20,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/advisor/service"
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
@@ -78,6 +80,9 @@ type Options struct {
 	Stderr        *os.File
 	// Trace, when set, prints each start-up step (corral run --trace).
 	Trace *trace.Tracer
+	// TrustedCIDRs are the private networks the policy advisor may
+	// propose whole (--trusted-cidr) instead of one address at a time.
+	TrustedCIDRs []netip.Prefix
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
@@ -103,7 +108,9 @@ type supervisor struct {
 	run_  *runDir
 	cg    *cgroup.Cgroup
 	cmd   *exec.Cmd
-	sigs  <-chan os.Signal
+	// adv is the policy advisor while it runs (proxy mode).
+	adv  atomic.Pointer[service.Service]
+	sigs <-chan os.Signal
 	// socketKill holds the bytes over the limit when watchSocketMemory
 	// killed the sandbox; 0 otherwise.
 	socketKill atomic.Int64

@@ -13,3 +13,7 @@ func (e *Egress) SetAdvice(a egress.Advice) { e.advice = a }
 // Resolver is the resolver the egress dials allowed names with (the
 // policy advisor's DNS probe asks the same one).
 func (e *Egress) Resolver() *net.Resolver { return e.dial.Resolver }
+
+// Rules are the decision rules the egress runs (--policy-rules), nil for
+// the built-in ones; the policy advisor checks its drafts with the same.
+func (e *Egress) Rules() []byte { return e.cfg.Rules }
