@@ -11,6 +11,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -40,40 +41,44 @@ var headerFlags = map[string]bool{"-H": true, "--header": true, "--proxy-header"
 const secretHeaders = `authorization|proxy-authorization|cookie|set-cookie|x-api-key|api-key|apikey|x-auth-token|x-access-token|private-token|x-goog-api-key|x-amz-security-token`
 
 // Each pattern keeps its first submatch (the part that says what the
-// secret is, for a person reading the line) and redacts the rest.
-var patterns = []*regexp.Regexp{
-	// Header lines inside one argument or a shell string.
-	regexp.MustCompile(`(?i)((?:^|[\s"'])(?:` + secretHeaders + `)\s*:\s*)[^\r\n"']+`),
-	// Authorization schemes outside a header name.
-	regexp.MustCompile(`(?i)(\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=-]{8,}`),
-	// Passwords in URLs: scheme://user:password@host.
-	regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^/@\s]+(@)`),
-	// Secrets in query strings.
-	regexp.MustCompile(`(?i)([?&](?:access_token|token|api_key|apikey|key|secret|password|passwd|sig|signature|auth|client_secret|x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&\s#"']+`),
-	// KEY=VALUE assignments whose name says secret.
-	regexp.MustCompile(`(?i)(\b[A-Za-z_][A-Za-z0-9_]*(?:token|secret|passwd|password|pwd|api_?key|access_?key|private_?key|auth|credentials?|cookie|session)[A-Za-z0-9_]*=)(?:"[^"]*"|'[^']*'|[^\s;&|"']+)`),
-	// Secret flags written inside a shell string: --token=x, --token x.
-	regexp.MustCompile(`(?i)((?:^|\s)--(?:password|passwd|pass|token|api-key|apikey|api_key|secret|client-secret|access-token|auth-token|private-token|oauth2-bearer)(?:=|\s+))[^\s"']+`),
-	// mysql's attached password inside a shell string: -psecret.
-	regexp.MustCompile(`((?:^|\s)-p)[^\s\d"'][^\s"']*`),
-	// Well-known token shapes, wherever they appear, glued to other
-	// text too (only sk- needs a word start: "task-…", "disk-…").
-	regexp.MustCompile(`()gh[pousr]_[A-Za-z0-9]{20,}`),
-	regexp.MustCompile(`()github_pat_[A-Za-z0-9_]{20,}`),
-	regexp.MustCompile(`()\bsk-[A-Za-z0-9_-]{16,}`),
-	regexp.MustCompile(`()xox[abposre]-[A-Za-z0-9-]{10,}`),
-	regexp.MustCompile(`()(?:AKIA|ASIA)[0-9A-Z]{16}`),
-	regexp.MustCompile(`()eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*`),
-	regexp.MustCompile(`()glpat-[A-Za-z0-9_-]{20,}`),
-	regexp.MustCompile(`()npm_[A-Za-z0-9]{36}`),
-	regexp.MustCompile(`()AIza[0-9A-Za-z_-]{35}`),
-	regexp.MustCompile(`()hf_[A-Za-z0-9]{30,}`),
-}
+// secret is, for a person reading the line) and redacts the rest. They are
+// compiled on first use: every stage of every sandbox links this package,
+// and few ever sanitise anything.
+var patterns = sync.OnceValue(func() []*regexp.Regexp {
+	return []*regexp.Regexp{
+		// Header lines inside one argument or a shell string.
+		regexp.MustCompile(`(?i)((?:^|[\s"'])(?:` + secretHeaders + `)\s*:\s*)[^\r\n"']+`),
+		// Authorization schemes outside a header name.
+		regexp.MustCompile(`(?i)(\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=-]{8,}`),
+		// Passwords in URLs: scheme://user:password@host.
+		regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^/@\s]+(@)`),
+		// Secrets in query strings.
+		regexp.MustCompile(`(?i)([?&](?:access_token|token|api_key|apikey|key|secret|password|passwd|sig|signature|auth|client_secret|x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&\s#"']+`),
+		// KEY=VALUE assignments whose name says secret.
+		regexp.MustCompile(`(?i)(\b[A-Za-z_][A-Za-z0-9_]*(?:token|secret|passwd|password|pwd|api_?key|access_?key|private_?key|auth|credentials?|cookie|session)[A-Za-z0-9_]*=)(?:"[^"]*"|'[^']*'|[^\s;&|"']+)`),
+		// Secret flags written inside a shell string: --token=x, --token x.
+		regexp.MustCompile(`(?i)((?:^|\s)--(?:password|passwd|pass|token|api-key|apikey|api_key|secret|client-secret|access-token|auth-token|private-token|oauth2-bearer)(?:=|\s+))[^\s"']+`),
+		// mysql's attached password inside a shell string: -psecret.
+		regexp.MustCompile(`((?:^|\s)-p)[^\s\d"'][^\s"']*`),
+		// Well-known token shapes, wherever they appear, glued to other
+		// text too (only sk- needs a word start: "task-…", "disk-…").
+		regexp.MustCompile(`()gh[pousr]_[A-Za-z0-9]{20,}`),
+		regexp.MustCompile(`()github_pat_[A-Za-z0-9_]{20,}`),
+		regexp.MustCompile(`()\bsk-[A-Za-z0-9_-]{16,}`),
+		regexp.MustCompile(`()xox[abposre]-[A-Za-z0-9-]{10,}`),
+		regexp.MustCompile(`()(?:AKIA|ASIA)[0-9A-Z]{16}`),
+		regexp.MustCompile(`()eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*`),
+		regexp.MustCompile(`()glpat-[A-Za-z0-9_-]{20,}`),
+		regexp.MustCompile(`()npm_[A-Za-z0-9]{36}`),
+		regexp.MustCompile(`()AIza[0-9A-Za-z_-]{35}`),
+		regexp.MustCompile(`()hf_[A-Za-z0-9]{30,}`),
+	}
+})
 
 // String redacts the credentials inside one free-form string: an
 // argument, a header, a URL or a whole shell command.
 func String(s string) string {
-	for _, re := range patterns {
+	for _, re := range patterns() {
 		if !re.MatchString(s) {
 			continue
 		}
