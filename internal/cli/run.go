@@ -72,6 +72,8 @@ type runFlags struct {
 	trace           bool
 	// learn is --learn (policy network.learn).
 	learn bool
+	// advisorProbe is --advisor-probe.
+	advisorProbe bool
 }
 
 func newRunCmd() *cobra.Command {
@@ -136,6 +138,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
 	fl.StringArrayVar(&f.trustedCIDRs, "trusted-cidr", nil, "private network (CIDR) the policy advisor may propose in allowed_ips whole, instead of each address seen (repeatable)")
 	fl.StringVar(&f.inferenceRoutes, "inference-routes", "", "YAML file of model routes served at inference.local (proxy mode), replacing the policy's inference section for the whole run; an empty list turns routing off")
+	fl.BoolVar(&f.advisorProbe, "advisor-probe", false, "let the policy advisor look up each refused name once, through corral's resolver, to propose allowed_ips for private addresses; this sends names the workload chose, and was refused, to the upstream resolver (always on in learn mode)")
 	fl.BoolVar(&f.learn, "learn", false, "learn mode (policy network.learn): let through connections no policy allows, except to internal addresses, and turn them into draft policy chunks (corral draft); for discovering what a workload needs, never for production")
 	fl.BoolVar(&f.trace, "trace", false, "print each start-up step and its duration to stderr (also: "+trace.Env+"=1)")
 	return cmd
@@ -300,7 +303,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
 	})
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}

@@ -31,11 +31,11 @@ func (s *supervisor) startAdvisor(ctx context.Context) {
 	// allows, which the sandbox's own DNS server never does so that DNS
 	// cannot carry data out; only in learn mode, where those names are
 	// resolved upstream for the connections anyway, does it leak nothing
-	// new.
-	learn := s.Policy.Current().Policy.Policy.Network.Learn
+	// new. Elsewhere it takes --advisor-probe.
+	probe := s.Policy.Current().Policy.Policy.Network.Learn || s.AdvisorProbe
 	svc, err := service.New(service.Config{
 		Dir: DraftsDir(s.StateDir, s.Session), Reloader: s.Policy, Audit: s.Audit, Log: s.Log,
-		Rules: s.Egress.Rules(), TrustedCIDRs: s.TrustedCIDRs, Resolver: s.Egress.Resolver(), NoProbe: !learn,
+		Rules: s.Egress.Rules(), TrustedCIDRs: s.TrustedCIDRs, Resolver: s.Egress.Resolver(), NoProbe: !probe,
 	})
 	if err != nil {
 		s.Log.Warn("policy advisor unavailable: denials will not become drafts", "err", err)

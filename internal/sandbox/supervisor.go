@@ -83,6 +83,9 @@ type Options struct {
 	// TrustedCIDRs are the private networks the policy advisor may
 	// propose whole (--trusted-cidr) instead of one address at a time.
 	TrustedCIDRs []netip.Prefix
+	// AdvisorProbe lets the advisor resolve refused names outside learn
+	// mode (--advisor-probe).
+	AdvisorProbe bool
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
