@@ -445,6 +445,34 @@ func TestAdvisor(t *testing.T) {
 			r.requireEvent(t, "policy.proposal_refused", map[string]any{"author": "agent"})
 		})
 
+		t.Run("probe", func(t *testing.T) {
+			fx := newFixture(t, m)
+			// Off by default: the refused name never reaches the resolver.
+			a := startAgent(t, fx, advisorPolicy, flags, nil)
+			a.run(`curl -sS -o /dev/null http://learnpriv.test/`)
+			d, _ := a.waitDraft("learnpriv.test", 80, 1, "", 5*time.Second)
+			if strings.Contains(string(d.Chunk.Policy), "10.0.0.7") {
+				t.Errorf("without --advisor-probe the draft knows the address: %s", d.Chunk.Policy)
+			}
+			a.stop()
+			// With it, the draft allows exactly the address the name has.
+			fx = newFixture(t, m)
+			a = startAgent(t, fx, advisorPolicy, append([]string{"--advisor-probe"}, flags...), nil)
+			a.run(`curl -sS -o /dev/null http://learnpriv.test/`)
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				d, _ = a.waitDraft("learnpriv.test", 80, 1, "", 5*time.Second)
+				if strings.Contains(string(d.Chunk.Policy), "10.0.0.7/32") || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !strings.Contains(string(d.Chunk.Policy), "10.0.0.7/32") {
+				t.Errorf("with --advisor-probe the draft has no allowed_ips for the private address: %s", d.Chunk.Policy)
+			}
+			a.stop()
+		})
+
 		t.Run("learn", func(t *testing.T) {
 			fx := newFixture(t, m)
 			a := startAgent(t, fx, advisorPolicy, append([]string{"--learn"}, flags...), nil)
