@@ -8,6 +8,7 @@
 #
 # Decision latency with 1 000 endpoints is a Go benchmark of the engine:
 #   go test -run '^$' -bench Decide1000 ./internal/egress/decide/
+# bench/fastpath.sh prints the fast-path figures of one run as a table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_ENABLED=0

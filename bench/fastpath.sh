@@ -29,13 +29,14 @@ metric() {
 		END {
 			if (n == 0) { print "-"; exit }
 			for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
-			printf "%.4g", v[int((n - 1) / 2)]
+			m = v[int((n - 1) / 2)]
+			printf(m >= 1000 ? "%.0f" : "%.4g", m)
 		}' "$out"
 }
 
 echo
-echo "fast path, median of $count run(s)         measured           target"
-printf '%-42s %-18s %s\n' \
+printf '%-44s %-12s %s\n' "fast path, median of $count run(s)" measured target
+printf '%-44s %-12s %s\n' \
 	"connection set-up added p50 (µs)" "$(metric BenchmarkConnectionSetup added_p50_µs)" "≤ 300" \
 	"connection set-up added p99 (µs)" "$(metric BenchmarkConnectionSetup added_p99_µs)" "≤ 2000" \
 	"decision p99, 1000 endpoints, go (µs)" "$(metric BenchmarkDecide1000/go p99-µs)" "≤ 20" \

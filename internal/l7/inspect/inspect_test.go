@@ -139,6 +139,16 @@ func (u *upstreamServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Handshake: func(*websocket.Config, *http.Request) error { return nil },
 			Handler:   func(ws *websocket.Conn) { io.Copy(ws, ws) },
 		}.ServeHTTP(w, r)
+	case "/bye":
+		// A complete response, then the connection ends without a word,
+		// as servers do to kept connections they no longer want.
+		w.Header().Set("Content-Length", "3")
+		io.WriteString(w, "bye")
+		rc := http.NewResponseController(w)
+		rc.Flush()
+		if c, _, err := rc.Hijack(); err == nil {
+			c.Close()
+		}
 	case "/echo-auth":
 		// A service quoting the credential it received back to the caller.
 		w.Header().Set("X-Echo", r.Header.Get("Authorization"))

@@ -51,7 +51,7 @@ func (s *serial) RoundTrip(req *http.Request) (*http.Response, error) {
 		return s.fallback.RoundTrip(req)
 	}
 	resp, err := s.roundTrip(req)
-	if errors.Is(err, errNoH1) {
+	if errors.Is(err, errUpstreamTLS) {
 		s.mu.Lock()
 		s.disabled = true
 		s.busy = false
@@ -96,16 +96,16 @@ func (s *serial) release(keep bool) {
 	s.busy = false
 }
 
-// errNoH1 is a TLS handshake with the upstream that failed; the serial
+// errUpstreamTLS is a failed TLS handshake with the upstream; the serial
 // path then leaves the connection's requests to the Transport.
-var errNoH1 = errors.New("upstream TLS handshake for HTTP/1.1 failed")
+var errUpstreamTLS = errors.New("upstream TLS handshake offering HTTP/1.1 failed")
 
 func (s *serial) roundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
 		reused := s.conn != nil
 		if !reused {
 			if err := s.connect(req.Context()); err != nil {
-				if !errors.Is(err, errNoH1) {
+				if !errors.Is(err, errUpstreamTLS) {
 					s.release(false)
 				}
 				return nil, err
@@ -150,7 +150,7 @@ func (s *serial) connect(ctx context.Context) error {
 			// certificate that does not verify), the Transport tries
 			// again the way it always has, and reports its own error.
 			c.Close()
-			return fmt.Errorf("%w: %w", errNoH1, err)
+			return fmt.Errorf("%w: %w", errUpstreamTLS, err)
 		}
 		c = tc
 	}

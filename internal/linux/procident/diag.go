@@ -22,6 +22,7 @@ type diag struct {
 	mu  sync.Mutex
 	fd  int
 	seq uint32
+	buf []byte // replies; used under mu
 }
 
 // sockDiagByFamily is SOCK_DIAG_BY_FAMILY from linux/sock_diag.h.
@@ -97,7 +98,10 @@ func (d *diag) inode(src, dst netip.AddrPort) (inode uint64, ok bool, err error)
 	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return 0, false, fmt.Errorf("sock_diag request: %w", err)
 	}
-	buf := make([]byte, 8192)
+	if d.buf == nil {
+		d.buf = make([]byte, 8192)
+	}
+	buf := d.buf
 	for {
 		n, _, err := unix.Recvfrom(d.fd, buf, 0)
 		if err != nil {

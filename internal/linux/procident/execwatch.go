@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -65,6 +66,28 @@ type ExecWatch struct {
 	// ackSeq and acked carry the kernel's answer to the subscription.
 	ackSeq uint32
 	acked  chan uint32
+	// tree is the sandbox's processes as the events built it, once
+	// seeded; nil before, or for another root.
+	tree *tree
+	// buf receives events; drain runs with mu held.
+	buf []byte
+}
+
+// tree holds a root and every process forked under it (by tgid), so the
+// processes that may hold a socket are known without walking /proc on
+// every connection. It may also hold pids that have since exited, or
+// processes reparented away from the root: a candidate too many costs a
+// failed open or a lineage that does not reach the root (a denial),
+// while a candidate missing would leave a holder unchecked. Exit events
+// cannot remove a pid: a thread group leader that exits alone reports
+// the same event as its process, whose other threads still run. A pid
+// leaves when its number is reused outside the tree.
+type tree struct {
+	root    int32
+	members map[int32]bool
+	// exited are members that reported an exit since the last look;
+	// each is dropped once /proc shows it gone.
+	exited []int32
 }
 
 // WatchExecs subscribes to the proc connector. Before Linux 6.6 it fails
@@ -162,7 +185,10 @@ func (w *ExecWatch) drain() {
 	if w.fd < 0 {
 		return
 	}
-	buf := make([]byte, 64<<10)
+	if w.buf == nil {
+		w.buf = make([]byte, 64<<10)
+	}
+	buf := w.buf
 	for {
 		n, _, err := unix.Recvfrom(w.fd, buf, unix.MSG_DONTWAIT)
 		if errors.Is(err, unix.ENOBUFS) {
@@ -207,6 +233,7 @@ func (w *ExecWatch) event(m []byte) {
 			return
 		}
 		parentTgid, childPid, childTgid := u32(1), u32(2), u32(3)
+		w.treeFork(parentTgid, childPid, childTgid)
 		if childPid != childTgid {
 			return // a thread
 		}
@@ -233,6 +260,9 @@ func (w *ExecWatch) event(m []byte) {
 	case procEventExit:
 		if len(d) < 8 || u32(0) != u32(1) {
 			return // a thread
+		}
+		if w.tree != nil && w.tree.members[u32(1)] {
+			w.tree.exited = append(w.tree.exited, u32(1))
 		}
 		delete(w.gen, u32(1))
 		delete(w.births, u32(1))
@@ -275,4 +305,107 @@ func (w *ExecWatch) startedUnder(child, parent int) bool {
 	w.drain()
 	b, ok := w.births[int32(child)]
 	return ok && !w.lost && b.parent == int32(parent) && b.gen == w.gen[int32(parent)]
+}
+
+// treeFork follows one new task into or out of the tree. A task number
+// that was a member and now names a thread, or a process forked outside
+// the tree, is a reused pid: it no longer names a member.
+func (w *ExecWatch) treeFork(parentTgid, childPid, childTgid int32) {
+	t := w.tree
+	if t == nil {
+		return
+	}
+	if childPid == childTgid && t.members[parentTgid] {
+		t.members[childPid] = true
+		return
+	}
+	delete(t.members, childPid)
+}
+
+// maxMembers bounds the tree; past it the tree is rebuilt from /proc.
+// maxExited bounds the exited members still waiting to be reaped.
+const (
+	maxMembers = 1 << 14
+	maxExited  = 1 << 10
+)
+
+// members returns root and its descendants. While every event has been
+// received they come from the tree the events keep (seeded from /proc by
+// walk on first use); otherwise, or for another root, from walk itself.
+// Forks are reported before the child runs, so once the queue is drained
+// every process that could have made a connection already accepted is
+// in the tree.
+func (w *ExecWatch) members(root int, walk func(int) map[int]bool) map[int]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	if w.lost || w.fd < 0 {
+		// Events were dropped, or are no longer received.
+		w.tree = nil
+		return walk(root)
+	}
+	t := w.tree
+	if t == nil || t.root != int32(root) || len(t.members) > maxMembers {
+		return w.seed(root, walk)
+	}
+	// A zombie or a process whose leader thread alone exited is still
+	// there; it is looked at again next time.
+	live := t.exited[:0]
+	for _, pid := range t.exited {
+		var st unix.Stat_t
+		if errors.Is(unix.Stat("/proc/"+strconv.Itoa(int(pid)), &st), unix.ENOENT) {
+			delete(t.members, pid)
+		} else if t.members[pid] && len(live) < maxExited {
+			live = append(live, pid)
+		}
+	}
+	t.exited = live
+	set := make(map[int]bool, len(t.members))
+	for pid := range t.members {
+		set[int(pid)] = true
+	}
+	return set
+}
+
+// maxSeedWalks bounds the walks of one seeding.
+const maxSeedWalks = 3
+
+// seed builds the tree from a walk of /proc. Events queued from then on
+// are applied on top of it; those that raced the walk only repeat what it
+// saw, in order. A process that exits during the walk is the exception:
+// its children move to a reaper, and a walk that read the reaper before
+// the move and the parent after it misses them, and so would the tree
+// for good (their forks are behind it). So a member's exit reported
+// right after the walk makes the walk start again.
+func (w *ExecWatch) seed(root int, walk func(int) map[int]bool) map[int]bool {
+	for i := 1; ; i++ {
+		set := walk(root)
+		t := &tree{root: int32(root), members: make(map[int32]bool, len(set))}
+		for pid := range set {
+			t.members[int32(pid)] = true
+		}
+		w.tree = t
+		w.drain()
+		if w.lost || w.fd < 0 {
+			w.tree = nil
+			return set
+		}
+		if len(t.exited) == 0 {
+			return set
+		}
+		if i == maxSeedWalks {
+			// Still moving: this walk answers this call, the next
+			// call walks again.
+			w.tree = nil
+			return set
+		}
+	}
+}
+
+// forget drops the tree, so the next members walks /proc again: a socket
+// none of the tree's members holds may be held by a process it missed.
+func (w *ExecWatch) forget() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tree = nil
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,61 +82,8 @@ func TestIdentifyAcrossNamespaces(t *testing.T) {
 
 func identifyInNamespaces(t *testing.T, listener, dest string) {
 	exe, _ := os.Executable()
-	cmd := exec.Command(exe)
-	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), modeEnv+"=nsinit", targetEnv+"="+exe, addrEnv+"="+dest)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("namespace init: %v", err)
-	}
-	var fds map[string]int
-	if err := json.Unmarshal([]byte(line), &fds); err != nil {
-		t.Fatalf("namespace init said %q: %v", line, err)
-	}
-	fd, ok := fds[listener]
-	if !ok {
-		if os.Getenv("CORRAL_NO_SKIP") == "1" {
-			t.Fatalf("no %s listener (IPv6 unavailable in the namespace)", listener)
-		}
-		t.Skipf("no %s listener (IPv6 unavailable in the namespace)", listener)
-	}
-	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(pidfd)
-	lfd, err := unix.PidfdGetfd(pidfd, fd, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lf := os.NewFile(uintptr(lfd), listener)
-	ln, err := net.FileListener(lf)
-	lf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
-	conn, err := ln.Accept()
-	if err != nil {
-		t.Fatalf("client did not arrive: %v", err)
-	}
-	defer conn.Close()
-	nsLine, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := startInNamespaces(t, listener, dest, exe)
+	conn, cmd, nsLine := ns.conn, ns.init, ns.line
 	orig, err := capture.ConnOriginalDst(conn)
 	if err != nil || orig != netip.MustParseAddrPort(dest) {
 		t.Errorf("original destination %s, %v; want %s", orig, err, dest)
@@ -160,6 +108,85 @@ func identifyInNamespaces(t *testing.T, listener, dest string) {
 	}
 }
 
+// nsSandbox is a sandbox-like tree in its own namespaces and the
+// connection the test accepted from its client on the capture listener.
+type nsSandbox struct {
+	init *exec.Cmd
+	ln   net.Listener
+	conn net.Conn
+	// line is the first line the client sent: its pid in the namespace.
+	line string
+}
+
+// startInNamespaces runs target with args as the client of a tree in
+// fresh network, mount and PID namespaces behind the capture rules, and
+// accepts its connection to dest on the listener named listener.
+func startInNamespaces(tb testing.TB, listener, dest, target string, args ...string) *nsSandbox {
+	tb.Helper()
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, args...)
+	cmd.Dir = tb.TempDir()
+	cmd.Env = append(os.Environ(), modeEnv+"=nsinit", targetEnv+"="+target, addrEnv+"="+dest)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	ns := &nsSandbox{init: cmd}
+	tb.Cleanup(func() {
+		if ns.conn != nil {
+			ns.conn.Close()
+		}
+		if ns.ln != nil {
+			ns.ln.Close()
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		tb.Fatalf("namespace init: %v", err)
+	}
+	var fds map[string]int
+	if err := json.Unmarshal([]byte(line), &fds); err != nil {
+		tb.Fatalf("namespace init said %q: %v", line, err)
+	}
+	fd, ok := fds[listener]
+	if !ok {
+		if os.Getenv("CORRAL_NO_SKIP") == "1" {
+			tb.Fatalf("no %s listener (IPv6 unavailable in the namespace)", listener)
+		}
+		tb.Skipf("no %s listener (IPv6 unavailable in the namespace)", listener)
+	}
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer unix.Close(pidfd)
+	lfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	lf := os.NewFile(uintptr(lfd), listener)
+	ns.ln, err = net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ns.ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	if ns.conn, err = ns.ln.Accept(); err != nil {
+		tb.Fatalf("client did not arrive: %v", err)
+	}
+	if ns.line, err = bufio.NewReader(ns.conn).ReadString('\n'); err != nil {
+		tb.Fatal(err)
+	}
+	return ns
+}
+
 // lastNSpid returns the innermost pid of a host pid, from NSpid in
 // /proc/<pid>/status.
 func lastNSpid(t *testing.T, pid int) string {
@@ -176,4 +203,100 @@ func lastNSpid(t *testing.T, pid int) string {
 	}
 	t.Fatal("no NSpid")
 	return ""
+}
+
+// sharer connects once, waits for the test to identify that connection,
+// then connects again and forks a child that execs sleep with the new
+// socket: two programs hold one socket.
+const sharer = `import os, socket
+host, port = os.environ["CORRAL_PROCIDENT_TEST_ADDR"].rsplit(":", 1)
+a = socket.create_connection((host, int(port)))
+a.sendall(b"%d\n" % os.getpid())
+a.recv(1)
+b = socket.create_connection((host, int(port)))
+b.set_inheritable(True)
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    os.execv("/bin/sleep", ["sleep", "30"])
+os.close(w)
+os.read(r, 1)  # EOF once the child has exec'd (close-on-exec)
+b.sendall(b"shared\n")
+while a.recv(4096):
+    pass
+`
+
+// TestIdentifySocketSharedAfterFork: a socket held by two programs is not
+// attributed to either, also when the second one was forked after the
+// sandbox's processes were first listed (the exec watch keeps the list).
+func TestIdentifySocketSharedAfterFork(t *testing.T) {
+	requireRoot(t)
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("/usr/bin/python3 is not installed")
+	}
+	w, err := WatchExecs()
+	if err != nil {
+		t.Fatalf("proc connector: %v", err)
+	}
+	defer w.Close()
+	script := filepath.Join(t.TempDir(), "sharer.py")
+	if err := os.WriteFile(script, []byte(sharer), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns := startInNamespaces(t, "t4", "203.0.113.9:443", "/usr/bin/python3", script)
+	r := &Resolver{InitPID: ns.init.Process.Pid, Execs: w}
+	if _, err := r.Identify(ns.conn); err != nil {
+		t.Fatalf("first connection: %v", err)
+	}
+	ns.conn.Write([]byte("g"))
+	second, err := ns.ln.Accept()
+	if err != nil {
+		t.Fatalf("second connection: %v", err)
+	}
+	defer second.Close()
+	if line, err := bufio.NewReader(second).ReadString('\n'); err != nil || line != "shared\n" {
+		t.Fatalf("second connection said %q, %v", line, err)
+	}
+	id, err := r.Identify(second)
+	if err == nil {
+		t.Fatalf("a socket held by python3 and sleep was attributed to %+v", id)
+	}
+	if !strings.Contains(err.Error(), "/sleep") {
+		t.Errorf("refused for another reason than the second holder: %v", err)
+	}
+}
+
+// TestIdentifyRebuildsIncompleteTree: a socket that no process of the
+// exec watch's list holds sends the lookup back to /proc, which finds the
+// process the list lacked.
+func TestIdentifyRebuildsIncompleteTree(t *testing.T) {
+	requireRoot(t)
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("/usr/bin/python3 is not installed")
+	}
+	w, err := WatchExecs()
+	if err != nil {
+		t.Fatalf("proc connector: %v", err)
+	}
+	defer w.Close()
+	script := filepath.Join(t.TempDir(), "client.py")
+	if err := os.WriteFile(script, []byte(pyClient), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns := startInNamespaces(t, "t4", "203.0.113.9:443", "/usr/bin/python3", script)
+	r := &Resolver{InitPID: ns.init.Process.Pid, Execs: w}
+	id, err := r.Identify(ns.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	delete(w.tree.members, int32(id.PID))
+	w.mu.Unlock()
+	again, err := r.Identify(ns.conn)
+	if err != nil {
+		t.Fatalf("with the client missing from the list: %v", err)
+	}
+	if again.PID != id.PID {
+		t.Errorf("identified pid %d, want %d", again.PID, id.PID)
+	}
 }

@@ -3,7 +3,6 @@
 package procident
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -56,21 +55,29 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 		return nil, fmt.Errorf("procident: root of pid %d: %w", pid, err)
 	}
 	defer unix.Close(rootfd)
-	cwd, cwdErr := os.Readlink(proc + "/cwd")
 
 	if !path.IsAbs(script) {
-		if cwdErr != nil || !path.IsAbs(cwd) {
+		cwd, err := os.Readlink(proc + "/cwd")
+		if err != nil || !path.IsAbs(cwd) {
 			return nil, nil
 		}
 		script = path.Join(cwd, script)
 	}
-	p, err := resolveInRoot(rootfd, script)
-	if err != nil {
-		return nil, nil
+	// A clean path that opens without meeting a symlink is its own
+	// canonical form: walking it would find no link to follow. Only a path
+	// that does meet one (or does not open) is walked component by
+	// component.
+	p, f, err := script, (*os.File)(nil), error(unix.ELOOP)
+	if path.Clean(p) == p {
+		f, err = openRegular(rootfd, p)
 	}
-	f, err := openRegular(rootfd, p)
 	if err != nil {
-		return nil, nil // not a regular file in the sandbox: not a script
+		if p, err = resolveInRoot(rootfd, script); err != nil {
+			return nil, nil
+		}
+		if f, err = openRegular(rootfd, p); err != nil {
+			return nil, nil // not a regular file in the sandbox: not a script
+		}
 	}
 	defer f.Close()
 	if _, err := r.verify(p, f, true); err != nil {
@@ -82,11 +89,11 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 // readArgs reads pid's command line, argv[0] included, at most maxArgs
 // arguments after it.
 func readArgs(pid int) ([]string, error) {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	raw, err := readProcString("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
 		return nil, fmt.Errorf("procident: cmdline of pid %d: %w", pid, err)
 	}
-	args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
+	args := strings.Split(strings.TrimRight(raw, "\x00"), "\x00")
 	if len(args) > maxArgs+1 {
 		args = args[:maxArgs+1]
 	}

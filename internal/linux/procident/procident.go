@@ -121,8 +121,19 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 		return nil
 	}
 	target := "socket:[" + strconv.FormatUint(inode, 10) + "]"
+	refs := holders(r.members(), target, inode)
+	if len(refs) == 0 && r.Execs != nil {
+		// The exec watch's list may lack the holder; /proc has it.
+		r.Execs.forget()
+		refs = holders(r.members(), target, inode)
+	}
+	return refs
+}
+
+// holders are the descriptors of procs that hold the socket target.
+func holders(procs map[int]bool, target string, inode uint64) []fdRef {
 	var refs []fdRef
-	for pid := range descendants(r.InitPID) {
+	for pid := range procs {
 		if fd := findFD(pid, target); fd >= 0 {
 			refs = append(refs, fdRef{pid: pid, fd: fd, inode: inode})
 		}
@@ -130,27 +141,40 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 	return refs
 }
 
+// members returns the sandbox's processes: InitPID and its descendants.
+func (r *Resolver) members() map[int]bool {
+	if r.Execs != nil {
+		return r.Execs.members(r.InitPID, descendants)
+	}
+	return descendants(r.InitPID)
+}
+
 // findFD returns the descriptor of pid that holds target, or -1. It looks
 // from the highest descriptor down: the socket being identified was just
 // made, so it is almost always the newest, and a process holding a
 // thousand tunnels is answered with one readlink.
 func findFD(pid int, target string) int {
-	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
-	d, err := os.Open(dir)
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	dfd, err := openRetry(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
 	if err != nil {
 		return -1 // exited, or not ours to read
 	}
-	names, _ := d.Readdirnames(-1)
-	d.Close()
-	fds := make([]int, 0, len(names))
-	for _, n := range names {
-		if fd, err := strconv.Atoi(n); err == nil {
+	defer unix.Close(dfd)
+	var fds []int
+	if readDirFD(dfd, func(name []byte) {
+		if fd, ok := atoi(name); ok {
 			fds = append(fds, fd)
 		}
+	}) != nil {
+		return -1
 	}
 	slices.Sort(fds)
+	// Each link is read relative to the open directory: the kernel then
+	// looks up one name, not the four of /proc/PID/fd/N.
+	var buf [64]byte
 	for i := len(fds) - 1; i >= 0; i-- {
-		if l, err := os.Readlink(dir + strconv.Itoa(fds[i])); err == nil && l == target {
+		n, err := unix.Readlinkat(dfd, strconv.Itoa(fds[i]), buf[:])
+		if err == nil && n < len(buf) && string(buf[:n]) == target {
 			return fds[i]
 		}
 	}
@@ -206,7 +230,7 @@ func (r *Resolver) identify(ref fdRef) (egress.Identity, error) {
 	}
 	defer unix.Close(pidfd)
 	target := "socket:[" + strconv.FormatUint(ref.inode, 10) + "]"
-	if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", ref.pid, ref.fd)); err != nil || l != target {
+	if !linkIs("/proc/"+strconv.Itoa(ref.pid)+"/fd/"+strconv.Itoa(ref.fd), target) {
 		return egress.Identity{}, fmt.Errorf("procident: pid %d no longer holds socket inode %d: %w", ref.pid, ref.inode, egress.ErrProcessExited)
 	}
 	id, err := r.identity(ref.pid)
@@ -239,11 +263,10 @@ func processKey(pid int) (procKey, error) {
 	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/exe", &st); err != nil {
 		return procKey{}, fmt.Errorf("procident: executable of pid %d: %w", pid, err)
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	s, err := readProcString("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return procKey{}, fmt.Errorf("procident: stat of pid %d: %w", pid, err)
 	}
-	s := string(b)
 	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	if len(f) < 20 {
 		return procKey{}, fmt.Errorf("procident: /proc/%d/stat too short", pid)
@@ -282,11 +305,10 @@ func addrPort(a net.Addr) (netip.AddrPort, error) {
 // parentheses may itself contain spaces and parentheses, so the fields are
 // taken after the last ')'.
 func parentOf(pid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	s, err := readProcString("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err
 	}
-	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)

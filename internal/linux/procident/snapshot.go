@@ -4,6 +4,7 @@ package procident
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net/netip"
 	"os"
@@ -75,7 +76,7 @@ func (r *Resolver) read() *snapshot {
 	for _, f := range []string{"tcp", "tcp6"} {
 		s.readSockets(netDir + "/" + f)
 	}
-	s.procs = descendants(r.InitPID)
+	s.procs = r.members()
 	for pid := range s.procs {
 		s.readFDs(pid)
 	}
@@ -236,18 +237,25 @@ func descendants(root int) map[int]bool {
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
-		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
-		for _, t := range tasks {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
+		tasks := "/proc/" + strconv.Itoa(p) + "/task/"
+		var tids []int
+		listDir(tasks, func(name []byte) {
+			if tid, ok := atoi(name); ok {
+				tids = append(tids, tid)
+			}
+		})
+		for _, tid := range tids {
+			bp, err := readProc(tasks + strconv.Itoa(tid) + "/children")
 			if err != nil {
 				continue
 			}
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil && !set[c] {
+			for _, f := range bytes.Fields(*bp) {
+				if c, ok := atoi(f); ok && !set[c] {
 					set[c] = true
 					queue = append(queue, c)
 				}
 			}
+			putBuf(bp)
 		}
 	}
 	return set

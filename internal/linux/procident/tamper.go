@@ -3,7 +3,6 @@
 package procident
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -24,16 +23,47 @@ import (
 
 // untrusted returns why pid cannot be taken for exe, or "".
 func (r *Resolver) untrusted(pid int, exe string) (string, error) {
-	maps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	why, err := r.untrustedMaps(pid, exe)
+	if why != "" || err != nil {
+		return why, err
+	}
+	bp, err := readProc("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return "", fmt.Errorf("procident: environment of pid %d: %w", pid, err)
+	}
+	defer putBuf(bp)
+	for _, kv := range bytes.Split(*bp, []byte{0}) {
+		for _, name := range []string{"LD_PRELOAD=", "LD_AUDIT="} {
+			if bytes.HasPrefix(kv, []byte(name)) && len(kv) > len(name) {
+				return "started with " + strings.TrimSuffix(name, "="), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// untrustedMaps looks at the executable mappings of pid.
+func (r *Resolver) untrustedMaps(pid int, exe string) (string, error) {
+	bp, err := readProc("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {
 		return "", fmt.Errorf("procident: memory maps of pid %d: %w", pid, err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(maps))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		// address perms offset dev inode path
-		f := strings.SplitN(sc.Text(), " ", 6)
-		if len(f) < 6 || len(f[1]) < 3 || f[1][2] != 'x' {
+	defer putBuf(bp)
+	for rest := *bp; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		// address perms offset dev inode path; only executable
+		// mappings matter, and most are not.
+		sp := bytes.IndexByte(line, ' ')
+		if sp < 0 || len(line) < sp+4 || line[sp+3] != 'x' {
+			continue
+		}
+		f := strings.SplitN(string(line), " ", 6)
+		if len(f) < 6 {
 			continue
 		}
 		p := strings.TrimLeft(f[5], " ")
@@ -49,17 +79,6 @@ func (r *Resolver) untrusted(pid int, exe string) (string, error) {
 		}
 		if m := r.mountOf(p); m.writable {
 			return fmt.Sprintf("maps executable code from %s, which the sandbox can write (%s)", p, m.point), nil
-		}
-	}
-	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-	if err != nil {
-		return "", fmt.Errorf("procident: environment of pid %d: %w", pid, err)
-	}
-	for _, kv := range bytes.Split(env, []byte{0}) {
-		for _, name := range []string{"LD_PRELOAD=", "LD_AUDIT="} {
-			if bytes.HasPrefix(kv, []byte(name)) && len(kv) > len(name) {
-				return "started with " + strings.TrimSuffix(name, "="), nil
-			}
 		}
 	}
 	return "", nil
