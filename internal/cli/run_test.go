@@ -76,7 +76,7 @@ func TestUpstreamRoots(t *testing.T) {
 	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "api.example.com", Roots: roots()}); err != nil {
 		t.Errorf("a leaf of the --upstream-ca does not verify: %v", err)
 	}
-	if roots() != roots() {
+	if first, second := roots(), roots(); first != second {
 		t.Error("the roots are built again on each use")
 	}
 }

@@ -562,14 +562,6 @@ func (n *netRun) event(name string, want map[string]any) map[string]any {
 	return nil
 }
 
-// noEvent fails if some event called name carries every field of want.
-func (n *netRun) noEvent(name string, want map[string]any) {
-	n.t.Helper()
-	if e := findEvent(n.r, name, want); e != nil {
-		n.t.Errorf("unexpected audit event %s: %v", name, e)
-	}
-}
-
 func findEvent(r *result, name string, want map[string]any) map[string]any {
 	if es := findEvents(r, name, want); len(es) > 0 {
 		return es[0]

@@ -25,6 +25,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/advisor/drafts"
 	"github.com/corral-sandbox/corral/internal/advisor/service"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/reload"
 )
 
@@ -247,7 +248,9 @@ type ProposalBody struct {
 	Intent   string          `json:"intent"`
 }
 
-func readProposal(w http.ResponseWriter, r *http.Request) (ProposalBody, []byte, bool) {
+// readProposal reads a proposal body and its addition, answering the
+// request itself when either is malformed.
+func readProposal(w http.ResponseWriter, r *http.Request) (ProposalBody, map[string]policy.NetworkPolicy, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
 	if err != nil {
 		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", MaxBody))
@@ -260,10 +263,15 @@ func readProposal(w http.ResponseWriter, r *http.Request) (ProposalBody, []byte,
 		fail(w, http.StatusBadRequest, `want {"addition": "network_policies: ...", "intent": "why"}: `+err.Error())
 		return p, nil, false
 	}
-	add := []byte(p.Addition)
+	raw := []byte(p.Addition)
 	var text string
 	if json.Unmarshal(p.Addition, &text) == nil {
-		add = []byte(text)
+		raw = []byte(text)
+	}
+	add, err := check.ParseAddition(raw)
+	if err != nil {
+		writeJSON(w, http.StatusUnprocessableEntity, CheckView{Verdict: check.Invalid, Reason: err.Error()})
+		return p, nil, false
 	}
 	return p, add, true
 }
@@ -285,13 +293,8 @@ func viewCheck(res check.Result) CheckView {
 }
 
 func (h *Handler) check(w http.ResponseWriter, r *http.Request) {
-	_, raw, ok := readProposal(w, r)
+	_, add, ok := readProposal(w, r)
 	if !ok {
-		return
-	}
-	add, err := check.ParseAddition(raw)
-	if err != nil {
-		writeJSON(w, http.StatusUnprocessableEntity, CheckView{Verdict: check.Invalid, Reason: err.Error()})
 		return
 	}
 	writeJSON(w, http.StatusOK, viewCheck(h.Advisor.Check(r.Context(), add, h.caller(r))))
@@ -303,13 +306,8 @@ func (h *Handler) propose(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusTooManyRequests, fmt.Sprintf("at most %d proposals a minute per sandbox", ProposalsPerMin))
 		return
 	}
-	p, raw, ok := readProposal(w, r)
+	p, add, ok := readProposal(w, r)
 	if !ok {
-		return
-	}
-	add, err := check.ParseAddition(raw)
-	if err != nil {
-		writeJSON(w, http.StatusUnprocessableEntity, CheckView{Verdict: check.Invalid, Reason: err.Error()})
 		return
 	}
 	d, res, err := h.Advisor.Propose(r.Context(), add, p.Intent, h.caller(r))

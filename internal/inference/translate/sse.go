@@ -62,7 +62,7 @@ func (s *SSEReader) Next() (Event, error) {
 				if len(bytes.TrimSpace(ev.Raw)) == 0 {
 					return Event{}, io.EOF
 				}
-				hasData = parseLine(&ev, line, hasData)
+				parseLine(&ev, line, hasData)
 				return ev, io.ErrUnexpectedEOF
 			}
 			return ev, fmt.Errorf("reading event stream: %w", err)
