@@ -33,6 +33,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/advisor/propose"
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/reload"
 )
@@ -400,8 +401,13 @@ func (s *Service) For(r egress.Request) (string, []string) {
 	}
 	id := (*s.advice.Load())[k]
 	if id == "" {
+		if r.Host == "" {
+			if class, internal := netclass.Classify(r.IP); internal && netclass.NeverAllowed(class) {
+				return "", []string{"no policy can open " + r.IP.String() + ": " + netclass.Reason(class)}
+			}
+		}
 		return "", []string{
-			"corral proposes a policy chunk for this denial within a second: GET http://policy.local/v1/drafts lists it",
+			"where a policy chunk can allow this, corral proposes one within a second: GET http://policy.local/v1/drafts lists it",
 			"or POST a narrower one to http://policy.local/v1/proposals (see GET http://policy.local/v1/skill)",
 			"a person approves it with corral draft approve",
 		}

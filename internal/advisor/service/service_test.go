@@ -239,3 +239,16 @@ func TestExpiry(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A refusal no chunk can ever answer is not told that one is coming.
+func TestAdviceForNeverAllowedAddress(t *testing.T) {
+	h := newHarness(t, 0)
+	meta := egress.Request{IP: netip.MustParseAddr("169.254.169.254"), Port: 80, Identity: egress.Identity{Binary: "/usr/bin/curl"}}
+	id, next := h.svc.For(meta)
+	if id != "" || len(next) != 1 || !strings.Contains(next[0], "no policy can open 169.254.169.254") {
+		t.Errorf("advice for the metadata address: %q %q", id, next)
+	}
+	if _, next := h.svc.For(egress.Request{Host: "a.test", Port: 443}); len(next) == 0 || !strings.Contains(next[0], "policy.local") {
+		t.Errorf("advice for a name: %q", next)
+	}
+}
