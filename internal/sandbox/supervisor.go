@@ -449,6 +449,11 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 		s.Audit.Log(ev)
 		s.Log.Warn("sandbox killed", "reason", ev.Reason, "signal", ev.Signal)
 	}
+	// Drafts that expired since the advisor last looked are audited
+	// before the run's last event.
+	if svc := s.adv.Load(); svc != nil {
+		svc.Expire()
+	}
 	s.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(s.start).Milliseconds()})
 	return code
 }

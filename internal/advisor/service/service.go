@@ -262,7 +262,7 @@ func (s *Service) Run(ctx context.Context) {
 			case <-time.After(minRound):
 			}
 		case <-tick.C:
-			s.expire()
+			s.Expire()
 		}
 	}
 }
@@ -336,9 +336,9 @@ func (s *Service) replaceable(cur *policy.Policy, name string) []string {
 	return nil
 }
 
-// expire expires pending drafts past their time and audits each expiry
+// Expire expires pending drafts past their time and audits each expiry
 // once, whichever call to the store (this one, a listing) expired it.
-func (s *Service) expire() {
+func (s *Service) Expire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	list, err := s.store.List()

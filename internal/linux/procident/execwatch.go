@@ -56,6 +56,11 @@ type ExecWatch struct {
 	// process ran any code of its own (it can rewrite the live one), and
 	// inherited by its forks, which share that memory's contents.
 	argv map[int32][]string
+	// exe is the executable (device, inode) a process ran as of its latest
+	// reported exec, inherited by its forks: the kernel shows a new exe in
+	// /proc before it reports the exec, and a comparison with it catches an
+	// exec under way.
+	exe map[int32]fileID
 	// lost is set when the kernel dropped events (the receive queue
 	// overflowed): an exec may have gone unseen, so from then on no fork
 	// is vouched for and ancestors lend nothing.
@@ -118,7 +123,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32][]string{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32][]string{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -242,6 +247,11 @@ func (w *ExecWatch) event(m []byte) {
 		}
 		w.births[childTgid] = birth{parent: parentTgid, gen: w.gen[parentTgid]}
 		delete(w.gen, childTgid)
+		if e, ok := w.exe[parentTgid]; ok {
+			w.exe[childTgid] = e
+		} else {
+			delete(w.exe, childTgid)
+		}
 		if a, ok := w.argv[parentTgid]; ok {
 			w.argv[childTgid] = a
 		} else {
@@ -257,6 +267,14 @@ func (w *ExecWatch) event(m []byte) {
 		tgid := u32(1)
 		w.gen[tgid]++
 		w.snapshotArgv(tgid)
+		if len(w.exe) >= maxTracked {
+			w.exe, w.lost = map[int32]fileID{}, true
+		}
+		if id, err := exeID(int(tgid)); err == nil {
+			w.exe[tgid] = id
+		} else {
+			delete(w.exe, tgid)
+		}
 	case procEventExit:
 		if len(d) < 8 || u32(0) != u32(1) {
 			return // a thread
@@ -267,6 +285,7 @@ func (w *ExecWatch) event(m []byte) {
 		delete(w.gen, u32(1))
 		delete(w.births, u32(1))
 		delete(w.argv, u32(1))
+		delete(w.exe, u32(1))
 	}
 }
 
@@ -304,7 +323,29 @@ func (w *ExecWatch) startedUnder(child, parent int) bool {
 	defer w.mu.Unlock()
 	w.drain()
 	b, ok := w.births[int32(child)]
-	return ok && !w.lost && b.parent == int32(parent) && b.gen == w.gen[int32(parent)]
+	if !ok || w.lost || b.parent != int32(parent) || b.gen != w.gen[int32(parent)] {
+		return false
+	}
+	// An exec the kernel has switched parent to but not reported yet shows
+	// only in /proc: parent is then no longer what child was forked under.
+	if rec, known := w.exe[int32(parent)]; known {
+		if cur, err := exeID(parent); err != nil || cur != rec {
+			return false
+		}
+	}
+	return true
+}
+
+// fileID identifies a file by device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// exeID is the executable pid runs as now.
+func exeID(pid int) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/exe", &st); err != nil {
+		return fileID{}, err
+	}
+	return fileID{st.Dev, st.Ino}, nil
 }
 
 // treeFork follows one new task into or out of the tree. A task number

@@ -64,6 +64,21 @@ func TestExecWatchOrdersForkAndExec(t *testing.T) {
 			if got := w.startedUnder(child, parent); got != tc.want {
 				t.Errorf("startedUnder(%d, %d) = %v, want %v", child, parent, got, tc.want)
 			}
+			if !tc.want {
+				return
+			}
+			// An exec the kernel has not reported yet shows only as another
+			// executable in /proc; stand it in by recording a different one.
+			w.mu.Lock()
+			rec, known := w.exe[int32(parent)]
+			w.exe[int32(parent)] = fileID{rec.dev, rec.ino + 1}
+			w.mu.Unlock()
+			if !known {
+				t.Fatalf("no executable recorded for %d at its exec", parent)
+			}
+			if w.startedUnder(child, parent) {
+				t.Errorf("startedUnder(%d, %d) = true while the parent runs another executable than its last reported exec", child, parent)
+			}
 		})
 	}
 }
