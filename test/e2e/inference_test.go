@@ -34,6 +34,8 @@ echo "PLAIN $($C -H 'Content-Type: application/json' -d "$chat" http://inference
 echo "STREAM $($C -N -H 'Content-Type: application/json' -d '{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}' https://inference.local/v1/chat/completions | grep -c '^data:')"
 echo "MODELS $($C https://inference.local/v1/models)"
 echo "OTHER $($C -o /dev/null -w '%{http_code}' https://inference.local/admin)"
+echo "TRANSPARENT $($C --noproxy '*' -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$chat" https://inference.local/v1/chat/completions 2>&1)"
+echo "SOCKS $($C --noproxy '' -x socks5h://$CAPTURE:1080 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$chat" https://inference.local/v1/chat/completions 2>&1)"
 echo "PROXY $(HTTPS_PROXY= https_proxy= $C -o /dev/null -w '%{http_code}' -x http://$CAPTURE:3128 -H 'Content-Type: application/json' -d "$chat" https://inference.local/v1/chat/completions 2>&1)"
 if [ -n "$SDKS" ]; then
 	echo "SDK $(NODE_PATH=$SDKS/node_modules node sdk.cjs https://inference.local 2>&1 | tail -1)"
@@ -132,6 +134,13 @@ func TestInference(t *testing.T) {
 		if got := line("OTHER"); got != "403" {
 			t.Errorf("a non-inference path answered %s, want 403", got)
 		}
+		// Every listener reaches it: the synthetic address through the
+		// transparent capture, and SOCKS5 with the name.
+		for _, via := range []string{"TRANSPARENT", "SOCKS"} {
+			if got := line(via); got != "200" {
+				t.Errorf("inference.local %s answered %s, want 200", strings.ToLower(via), got)
+			}
+		}
 		if got := line("PROXY"); got != "200" {
 			t.Errorf("inference.local through the CONNECT proxy answered %s, want 200", got)
 		}
@@ -169,6 +178,9 @@ func TestInference(t *testing.T) {
 		}
 		if !models["llama-one"] || !models["llama-two"] || models["gpt-4o"] {
 			t.Errorf("models the backend saw: %v; want llama-one, then llama-two after the reload, never the client's", models)
+		}
+		for _, via := range []string{"transparent", "socks5", "http_connect", "http_forward"} {
+			r.requireEvent(t, "net.connect.allowed", map[string]any{"host": "inference.local", "via": via, "policy": "inference.local"})
 		}
 		ev := r.requireEvent(t, "inference.request", map[string]any{"route": "local", "protocol": "openai_chat_completions",
 			"client_model": "gpt-4o", "routed_model": "llama-one", "status": 200.0, "binary": "/usr/bin/curl"})
