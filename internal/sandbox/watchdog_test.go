@@ -37,6 +37,13 @@ func (c *fakeClock) fire(d time.Duration) int {
 	return n
 }
 
+// armed counts the timers set for d, without firing them.
+func (c *fakeClock) armed(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers[d])
+}
+
 // fireOthers fires every timer not set for d (the walltime's duration is
 // measured from a real start, so it is not known exactly).
 func (c *fakeClock) fireOthers(d time.Duration) int {
@@ -102,6 +109,8 @@ func TestWatchdogStopsOnce(t *testing.T) {
 	if got := rec.got(); !slices.Equal(got, []syscall.Signal{syscall.SIGTERM}) {
 		t.Fatalf("after cancel: sent %v, want one SIGTERM", got)
 	}
+	// The signal goes out just before the grace timer is armed.
+	waitFor(t, func() bool { return clock.armed(Grace) > 0 })
 	if n := clock.fire(Grace); n != 1 {
 		t.Fatalf("%d grace timers armed, want 1", n)
 	}
@@ -131,6 +140,8 @@ func TestWatchdogWalltime(t *testing.T) {
 
 	waitFor(t, func() bool { return clock.fireOthers(Grace) == 1 })
 	waitFor(t, func() bool { return len(rec.got()) == 1 })
+	// The signal goes out just before the grace timer is armed.
+	waitFor(t, func() bool { return clock.armed(Grace) > 0 })
 	if n := clock.fire(Grace); n != 1 {
 		t.Fatalf("%d grace timers armed, want 1", n)
 	}
