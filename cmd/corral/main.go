@@ -4,21 +4,26 @@ package main
 import (
 	"context"
 	"os"
+	"runtime"
 
 	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 )
 
+// init keeps the sandbox's init on the process's main thread, the one its
+// pid names: the init confines that thread, forks the workload from it and
+// forwards signals from it (see initproc.InitMain).
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == initproc.InitArg {
+		runtime.LockOSThread()
+	}
+}
+
 func main() {
-	// The sandbox's own stages are re-execs of this binary and must start
-	// before the CLI does anything.
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case initproc.InitArg:
-			os.Exit(initproc.InitMain())
-		case initproc.ExecArg:
-			os.Exit(initproc.ExecMain())
-		}
+	// The sandbox's init is a re-exec of this binary and must start before
+	// the CLI does anything.
+	if len(os.Args) > 1 && os.Args[1] == initproc.InitArg {
+		os.Exit(initproc.InitMain())
 	}
 	// Signals are not turned into cancellation here: `corral run` forwards
 	// them to the workload, which decides how to end.

@@ -384,7 +384,7 @@ func (s *supervisor) sysProcAttr() *syscall.SysProcAttr {
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: int(u.GID), HostID: os.Getgid(), Size: 1}}
 		attr.GidMappingsEnableSetgroups = false
 		// The init runs as the invoking user inside its namespace and needs
-		// these to build the root; the exec stage drops them all.
+		// these to build the root; it clears them all before forking the workload.
 		// NET_BIND_SERVICE lets the capture's DNS listener take port 53.
 		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_NET_BIND_SERVICE, unix.CAP_SETPCAP}
 	}

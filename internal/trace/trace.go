@@ -1,6 +1,6 @@
 // Package trace prints the steps of a sandbox's start-up, one line each,
 // with when each ended and how long it took: `corral run --trace` (or
-// CORRAL_TRACE=1). The supervisor, the init and the exec stage are separate
+// CORRAL_TRACE=1). The supervisor and the sandbox's init are separate
 // processes; each writes its own lines to its stderr against one timeline,
 // CLOCK_MONOTONIC, which every process on the host shares, from an origin
 // the supervisor hands down in the stages' configuration.

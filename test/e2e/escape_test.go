@@ -192,6 +192,11 @@ var escapes = []escape{
 	// Landlock's signal scope (ABI >= 6) keeps signals inside the domain:
 	// the sandbox's init, outside it, cannot be signalled.
 	{name: "signal-init", args: []string{"kill", "INITPID"}, flags: []string{"--env", "INITPID=1"}, wantErrno: "EPERM"},
+	// The workload is forked by the init from its main thread: no thread
+	// of the init takes a signal or a pidfd from it, in either profile.
+	{name: "signal-init-threads", args: []string{"signal-init-all"}, wantErrno: "EPERM"},
+	{name: "signal-init-threads-relaxed", args: []string{"signal-init-all"}, wantErrno: "EPERM",
+		policy: "version: 1\nseccomp: relaxed\n"},
 	// With the host's network namespace shared, its abstract UNIX sockets
 	// are one connect() away; Landlock's scope (ABI >= 6) refuses them.
 	{name: "host-abstract-socket", args: []string{"abstract-connect", "{ABSTRACT}"},

@@ -13,15 +13,15 @@ var traceLine = regexp.MustCompile(`^trace +(-?[0-9.]+)ms +\+(-?[0-9.]+)ms  (.+)
 
 // TestStartupTrace runs `corral run --trace -- true` (and the same with
 // CORRAL_TRACE=1) and checks that every stage's steps reach stderr on one
-// timeline: the supervisor's, the init's and the exec stage's, each once,
+// timeline: the supervisor's and the init's, each once,
 // none after the workload is reported running. Without either, nothing is
 // traced.
 func TestStartupTrace(t *testing.T) {
 	supervisor := []string{"corral started", "audit log opened", "policy loaded", "plan built", "policy compiled",
 		"cgroup", "init started (clone with namespaces)", "control socket", "workload running"}
 	stages := []string{"init: process started", "init: config received", "init: root filesystem (mounts)",
-		"init: terminal, read-only /proc", "exec: process started", "exec: privileges dropped",
-		"exec: landlock", "exec: seccomp", "init: workload exec'd"}
+		"init: terminal, read-only /proc", "init: command found", "init: capabilities",
+		"init: landlock", "init: seccomp, verified", "init: workload exec'd and verified"}
 	proxy := []string{"egress prepared (decision index, sandbox CA, model routes)", "resolv.conf, CA files written",
 		"listeners received, egress serving", "init: capture rules, listeners handed to the supervisor"}
 	forEachMode(t, true, func(t *testing.T, m *mode) {

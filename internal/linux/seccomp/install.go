@@ -17,7 +17,7 @@ import (
 // did not lock cannot escape it. The calling thread must already have
 // no_new_privs set: Install refuses to run without it even as root, because
 // then a setuid binary exec'd later would run filtered but with raised
-// privileges, and because the sandbox's exec stage promises it.
+// privileges, and because the sandbox's init promises it.
 func Install(p Profile, m NetMode) error {
 	info, err := nativeArch()
 	if err != nil {

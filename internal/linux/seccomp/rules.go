@@ -212,6 +212,23 @@ var relaxedRules = []rule{
 		"swap manipulation"},
 }
 
+// initPID is the sandbox's init as its pid namespace numbers it.
+var initPID = []named{{"1 (the sandbox's init)", 1}}
+
+// initRules keep the workload's signals and pidfds away from its init,
+// whatever the profile. The init shares the workload's uid when rootless
+// and, having forked it, its Landlock domain on the init's main thread
+// (pid 1), the one thread a signal scope would let through; every other
+// init thread is in a domain of its own that the scope refuses.
+var initRules = []rule{
+	{[]string{"kill", "tkill", "rt_sigqueueinfo", "pidfd_open"}, ePERM,
+		&argCond{arg: 0, argName: "pid", anyOf: initPID},
+		"signalling or opening the sandbox's init, which reaps and reports the workload's end"},
+	{[]string{"tgkill", "rt_tgsigqueueinfo"}, ePERM,
+		&argCond{arg: 0, argName: "tgid", anyOf: initPID},
+		"signalling the sandbox's init, which reaps and reports the workload's end"},
+}
+
 var alwaysDeniedFamilies = []named{
 	{"AF_NETLINK", unix.AF_NETLINK},
 	{"AF_PACKET", unix.AF_PACKET},
@@ -252,6 +269,7 @@ func profileRules(p Profile, m NetMode) ([]rule, error) {
 	default:
 		return nil, fmt.Errorf("seccomp: unknown profile %q (want default or relaxed)", p)
 	}
+	rs = append(rs, initRules...)
 	return append(rs, socketRules(m)...), nil
 }
 

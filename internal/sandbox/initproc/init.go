@@ -1,13 +1,10 @@
 package initproc
 
 import (
-	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"syscall"
@@ -24,10 +21,16 @@ import (
 var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
 
 // InitMain is PID 1 of the sandbox. Its order is fixed: read the config,
-// build the root, name the host, bring up loopback, start the exec stage,
-// then reap until the workload exits. It returns the process exit code.
+// build the root, name the host, bring up loopback, confine itself and
+// start the workload, then reap until the workload exits. It returns the
+// process exit code.
 func InitMain() int {
 	entered := trace.Now()
+	// Landlock puts each thread that restricts itself in a domain of its
+	// own, and a domain may signal only itself and the domains below it.
+	// The workload is forked from this thread, so every signal forwarded
+	// to it must leave from here: main locked the main goroutine to the
+	// process's main thread before calling us, for the init's life.
 	sup := os.NewFile(3, "supervisor")
 	unix.CloseOnExec(3)
 	// One SEQPACKET read returns one whole message; a smaller buffer
@@ -48,7 +51,9 @@ func InitMain() int {
 	tr.Step("init: config received")
 
 	// The supervisor sees EOF on its socket only when we exit; we see EOF
-	// when it dies, and then the sandbox must die with it.
+	// when it dies, and then the sandbox must die with it: the kernel
+	// kills every process of a pid namespace whose init exits, whatever
+	// thread or Landlock domain this goroutine runs in.
 	go func() {
 		_, _ = io.Copy(io.Discard, sup)
 		_ = unix.Kill(-1, unix.SIGKILL)
@@ -102,7 +107,7 @@ func InitMain() int {
 	chld := make(chan os.Signal, 16)
 	signal.Notify(chld, unix.SIGCHLD)
 
-	pid, serr := startExec(cfg, stdio, tr)
+	pid, serr := startWorkload(cfg, stdio, tr)
 	if serr != nil {
 		return fail(serr)
 	}
@@ -144,58 +149,6 @@ func reap(workload int) (code, sig int, done bool) {
 			code = 128 + sig
 		}
 	}
-}
-
-// startExec starts the exec stage in the new root and waits until it has
-// either exec'd the workload (its end of the socket closes on exec) or
-// reported why it could not.
-func startExec(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepError) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, stepErr("create exec socket", err)
-	}
-	parent := os.NewFile(uintptr(fds[0]), "exec-parent")
-	child := os.NewFile(uintptr(fds[1]), "exec-child")
-	defer parent.Close()
-
-	cmd := exec.Command("/proc/self/exe", ExecArg)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], stdio[2]
-	cmd.ExtraFiles = []*os.File{child}
-	cmd.Env = []string{}
-	// Ctty names a descriptor of the child; the first one on the pty will do.
-	ctty := slices.Index(cfg.Terminal[:], true)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: ctty >= 0, Ctty: max(ctty, 0)}
-	cfg.Trace = tr.Child()
-	if err := cmd.Start(); err != nil {
-		child.Close()
-		return 0, stepErr("start exec stage", err)
-	}
-	child.Close()
-	if err := Send(parent, Message{Type: MsgConfig, Config: cfg}); err != nil {
-		return 0, stepErr("send config to exec stage", err)
-	}
-	var reply Message
-	err = readMessage(bufio.NewReader(parent), &reply)
-	if errors.Is(err, io.EOF) {
-		tr.Step("init: workload exec'd (exec stage ran)")
-		return cmd.Process.Pid, nil
-	}
-	// The stage has failed and is exiting; collect it so it is not a zombie.
-	_, _ = cmd.Process.Wait()
-	if err != nil {
-		return 0, stepErr("exec stage", err)
-	}
-	return 0, &StepError{Step: reply.Step, Code: reply.Code, Err: errors.New(reply.Error)}
-}
-
-func readMessage(r *bufio.Reader, m *Message) error {
-	line, err := r.ReadBytes('\n')
-	if err != nil {
-		if len(line) == 0 {
-			return err
-		}
-	}
-	return json.Unmarshal(line, m)
 }
 
 // setupCapture routes every packet of the namespace to corral's listeners

@@ -1,8 +1,8 @@
 // Package initproc is the code that runs inside the sandbox's namespaces:
-// the init (PID 1), which builds the root and reaps, and the exec stage,
-// which drops every privilege and becomes the workload. Both are re-execs of
-// the corral binary entered from main before anything else runs, so no Go
-// code ever runs between a fork and an exec.
+// the init (PID 1), a re-exec of the corral binary entered from main before
+// anything else runs. It builds the root, confines itself with what the
+// workload inherits, forks the workload (no Go code runs between that fork
+// and its exec) and reaps.
 package initproc
 
 import (
@@ -20,12 +20,11 @@ import (
 // Hidden sub-commands that main dispatches before the CLI is parsed.
 const (
 	InitArg = "__corral_init"
-	ExecArg = "__corral_exec"
 )
 
-// Message types exchanged over the supervisor↔init and init↔exec sockets.
+// Message types exchanged over the supervisor↔init socket.
 const (
-	MsgConfig  = "config"  // supervisor → init, init → exec stage
+	MsgConfig  = "config"  // supervisor → init
 	MsgStarted = "started" // init → supervisor: the workload's execve succeeded
 	MsgError   = "error"   // a set-up step failed; the workload never ran
 	MsgExited  = "exited"  // init → supervisor: the workload's wait status

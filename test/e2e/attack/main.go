@@ -95,6 +95,7 @@ func init() {
 		"procs":            cmdProcs,
 		"kill":             cmdKill,
 		"kill-all":         cmdKillAll,
+		"signal-init-all":  cmdSignalInitAll,
 		"abstract-connect": cmdAbstractConnect,
 		"ptrace":           cmdPtrace,
 		"ptrace-sibling":   cmdPtraceSibling,
@@ -448,6 +449,62 @@ func cmdKill(args []string) int {
 		}
 	}
 	return blocked("%s", strings.Join(res, ", "))
+}
+
+// cmdSignalInitAll tries every way to signal the sandbox's init (pid 1)
+// or any of its threads, and to get a pidfd for it: each must fail.
+func cmdSignalInitAll([]string) int {
+	tids := []int{1}
+	if ents, err := os.ReadDir("/proc/1/task"); err == nil {
+		tids = tids[:0]
+		for _, e := range ents {
+			if n, err := strconv.Atoi(e.Name()); err == nil {
+				tids = append(tids, n)
+			}
+		}
+	} else {
+		// Unlisted, the init's threads still have the lowest numbers.
+		for tid := 2; tid < 64; tid++ {
+			tids = append(tids, tid)
+		}
+	}
+	var info [128]byte
+	self := os.Getpid()
+	var res []string
+	try := func(what string, nr uintptr, a ...uintptr) bool {
+		a = append(a, 0, 0, 0)
+		_, _, e := unix.RawSyscall(nr, a[0], a[1], a[2])
+		if e == 0 {
+			return true
+		}
+		res = append(res, fmt.Sprintf("%s: %s", what, errno(e)))
+		return false
+	}
+	for _, tid := range tids {
+		if tid == self {
+			continue
+		}
+		if try(fmt.Sprintf("tgkill(1,%d)", tid), unix.SYS_TGKILL, 1, uintptr(tid), uintptr(unix.SIGTERM)) {
+			return escaped("tgkill(1, %d, SIGTERM) delivered", tid)
+		}
+		// A tid of another process fails with ESRCH, which is fine.
+		if try(fmt.Sprintf("tkill(%d)", tid), unix.SYS_TKILL, uintptr(tid), uintptr(unix.SIGTERM)) && tidOfInit(tid) {
+			return escaped("tkill(%d, SIGTERM) reached the init", tid)
+		}
+	}
+	if try("rt_sigqueueinfo(1)", unix.SYS_RT_SIGQUEUEINFO, 1, uintptr(unix.SIGTERM), uintptr(unsafe.Pointer(&info))) {
+		return escaped("rt_sigqueueinfo(1, SIGTERM) delivered")
+	}
+	if try("pidfd_open(1)", unix.SYS_PIDFD_OPEN, 1, 0) {
+		return escaped("pidfd_open(1) succeeded")
+	}
+	return blocked("%s", strings.Join(res, ", "))
+}
+
+// tidOfInit reports whether tid is a thread of pid 1.
+func tidOfInit(tid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/1/task/%d", tid))
+	return err == nil || tid == 1
 }
 
 // cmdKillAll signals every process it may. Inside a pid namespace there is
