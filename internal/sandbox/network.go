@@ -15,39 +15,48 @@ import (
 )
 
 // writeCA puts the CA certificate and the combined bundle where the plan
-// mounts them inside the sandbox.
-func (s *supervisor) writeCA() error {
+// mounts them inside the sandbox, and starts writing the Java trust store
+// there; the returned wait reports when that is done. The directory is
+// bind-mounted, so the store only has to exist before the workload runs.
+func (s *supervisor) writeCA() (wait func() error, err error) {
 	dir := statedir.TLS(s.StateDir, s.ID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create CA directory: %w", err)
+		return nil, fmt.Errorf("create CA directory: %w", err)
 	}
 	// MkdirAll leaves an existing directory's mode alone, and the umask
 	// may have narrowed a new one; the workload's user must read it.
 	if err := os.Chmod(dir, 0o755); err != nil {
-		return fmt.Errorf("CA directory: %w", err)
+		return nil, fmt.Errorf("CA directory: %w", err)
 	}
-	files, err := s.Egress.TrustFiles()
-	if err != nil {
-		return err
-	}
-	for name, data := range files {
+	for name, data := range s.Egress.TrustFiles() {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			return fmt.Errorf("write sandbox CA: %w", err)
+			return nil, fmt.Errorf("write sandbox CA: %w", err)
 		}
 	}
 	// The plan mounts this directory at /run/corral: the policy advisor's
 	// skill file for agents lands at policylocal.SkillPath.
 	skills := filepath.Join(dir, "skills")
 	if err := os.MkdirAll(skills, 0o755); err != nil {
-		return fmt.Errorf("create skills directory: %w", err)
+		return nil, fmt.Errorf("create skills directory: %w", err)
 	}
 	if err := os.Chmod(skills, 0o755); err != nil {
-		return fmt.Errorf("skills directory: %w", err)
+		return nil, fmt.Errorf("skills directory: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(skills, filepath.Base(policylocal.SkillPath)), policylocal.Skill, 0o644); err != nil {
-		return fmt.Errorf("write policy advisor skill: %w", err)
+		return nil, fmt.Errorf("write policy advisor skill: %w", err)
 	}
-	return nil
+	done := make(chan error, 1)
+	go func() {
+		store, err := s.Egress.JavaTrustStore()
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, assemble.JavaTrustStoreFile), store, 0o644)
+		}
+		if err != nil {
+			err = fmt.Errorf("write the Java trust store: %w", err)
+		}
+		done <- err
+	}()
+	return func() error { return <-done }, nil
 }
 
 // startEgress receives the listeners the init created inside the sandbox's

@@ -154,6 +154,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	}()
 
 	var err error
+	// trustWritten, set in proxy mode, waits for the Java trust store,
+	// which is written while the init starts.
+	trustWritten := func() error { return nil }
 	if s.run_, err = newRunDir(s.StateDir, s.ID); err != nil {
 		return ExitSetupFailed, err
 	}
@@ -166,7 +169,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
 			return ExitSetupFailed, fmt.Errorf("write resolv.conf: %w", err)
 		}
-		if err := s.writeCA(); err != nil {
+		if trustWritten, err = s.writeCA(); err != nil {
 			return ExitSetupFailed, err
 		}
 		s.Trace.Step("resolv.conf, CA files written")
@@ -249,6 +252,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}()
 	}
 	s.Trace.Step("control socket")
+	if err := trustWritten(); err != nil {
+		return ExitSetupFailed, err
+	}
 	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)

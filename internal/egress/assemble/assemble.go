@@ -163,19 +163,28 @@ func (e *Egress) revoke(ctx context.Context) {
 }
 
 // TrustFiles returns, by file name, what the plan mounts where the
-// workload's TLS clients look: the sandbox CA's certificate, the host's
-// bundle with it added, and that bundle as a PKCS#12 trust store (Java).
-func (e *Egress) TrustFiles() (map[string][]byte, error) {
-	bundle := e.ca.Bundle(e.system)
-	store, err := ca.TrustStore(bundle, plan.TrustStorePassword)
+// workload's TLS clients look: the sandbox CA's certificate and the host's
+// bundle with it added.
+func (e *Egress) TrustFiles() map[string][]byte {
+	return map[string][]byte{
+		"ca.pem":        e.ca.CertPEM(),
+		"ca-bundle.pem": e.ca.Bundle(e.system),
+	}
+}
+
+// JavaTrustStoreFile names the PKCS#12 form of the bundle among the trust
+// files.
+const JavaTrustStoreFile = "truststore.p12"
+
+// JavaTrustStore returns the bundle as a PKCS#12 trust store (Java reads
+// no PEM). Encoding a distribution's roots takes milliseconds, so callers
+// run it beside the rest of the sandbox's set-up.
+func (e *Egress) JavaTrustStore() ([]byte, error) {
+	store, err := ca.TrustStore(e.ca.Bundle(e.system), plan.TrustStorePassword)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox trust store: %w", err)
 	}
-	return map[string][]byte{
-		"ca.pem":         e.ca.CertPEM(),
-		"ca-bundle.pem":  bundle,
-		"truststore.p12": store,
-	}, nil
+	return store, nil
 }
 
 // Sandbox is what the running sandbox gives its egress.
