@@ -29,6 +29,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/procident"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/reload"
+	"github.com/corral-sandbox/corral/internal/sandbox/initbin"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/statedir"
 	"github.com/corral-sandbox/corral/internal/trace"
@@ -193,7 +194,14 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	}
 	defer sup.Close()
 
-	s.cmd = exec.Command("/proc/self/exe", initproc.InitArg)
+	initProg, err := initbin.Path(s.StateDir)
+	if err != nil {
+		return ExitSetupFailed, fmt.Errorf("sandbox init program: %w", err)
+	}
+	if initProg == "" {
+		initProg = "/proc/self/exe"
+	}
+	s.cmd = exec.Command(initProg, initproc.InitArg)
 	s.cmd.Args[0] = "corral-init"
 	s.cmd.Env = []string{}
 	s.cmd.ExtraFiles = []*os.File{initSock}

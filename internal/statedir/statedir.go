@@ -32,6 +32,9 @@ func Default() string {
 	return filepath.Join(home, ".local", "state", "corral")
 }
 
+// Bin holds programs corral carries and runs from disk (the sandbox's init).
+func Bin(state string) string { return filepath.Join(state, "bin") }
+
 // AuditLog is the default audit log.
 func AuditLog(state string) string { return filepath.Join(state, "audit.log") }
 

@@ -33,7 +33,10 @@ var (
 	// run as other uids and must reach the binaries and workdirs below it.
 	baseDir   string
 	corralBin string
-	attackBin string
+	// selfInitBin is corral built without the init program it carries
+	// (tag corral_selfinit): it re-executes itself as the init.
+	selfInitBin string
+	attackBin   string
 )
 
 // workloadUID owns root-mode workdirs: corral (as root) then runs the
@@ -80,12 +83,21 @@ func setupAndRun(m *testing.M) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	for pkg, out := range map[string]string{"./cmd/corral": corralBin, "./test/e2e/attack": attackBin} {
-		cmd := exec.Command("go", "build", "-o", out, pkg)
+	selfInitBin = filepath.Join(bin, "corral-selfinit")
+	// corral carries the init built from these sources, and one corral
+	// is built without it, re-executing itself as the init.
+	builds := [][]string{
+		{"generate", "./internal/sandbox/initbin"},
+		{"build", "-o", corralBin, "./cmd/corral"},
+		{"build", "-tags", "corral_selfinit", "-o", selfInitBin, "./cmd/corral"},
+		{"build", "-o", attackBin, "./test/e2e/attack"},
+	}
+	for _, args := range builds {
+		cmd := exec.Command("go", args...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err != nil {
-			return 1, fmt.Errorf("build %s: %v\n%s", pkg, err, b)
+			return 1, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, b)
 		}
 	}
 	return m.Run(), nil
@@ -323,6 +335,8 @@ type runOpts struct {
 	state   string   // override the mode's state dir
 	timeout time.Duration
 	pty     bool // run corral on a pseudo-terminal
+	// bin is the corral to run; empty is corralBin.
+	bin string
 	// stdio, when set, are corral's fds 0–2 instead of /dev/null and the
 	// result's buffers.
 	stdio []*os.File
@@ -445,7 +459,11 @@ func startCorral(t *testing.T, fx *fixture, o runOpts) *proc {
 		timeout = 60 * time.Second
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	shArgs := append([]string{"-c", `exec "$0" run --env "SUPPID=$$" "$@"`, corralBin}, args...)
+	bin := corralBin
+	if o.bin != "" {
+		bin = o.bin
+	}
+	shArgs := append([]string{"-c", `exec "$0" run --env "SUPPID=$$" "$@"`, bin}, args...)
 	cmd := exec.CommandContext(ctx, "/bin/sh", shArgs...)
 	cmd.Dir = fx.W
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
@@ -461,7 +479,7 @@ func startCorral(t *testing.T, fx *fixture, o runOpts) *proc {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(m.uid), Gid: uint32(m.gid), Groups: []uint32{}}
 	}
 	p := &proc{t: t, cmd: cmd, fx: fx, stdout: &syncBuffer{}, stderr: &syncBuffer{}, cancel: cancel, audit: audit,
-		cmdline: fmt.Sprintf("%s run %s", corralBin, strings.Join(args, " "))}
+		cmdline: fmt.Sprintf("%s run %s", bin, strings.Join(args, " "))}
 	if o.pty {
 		cmd.Env = append(cmd.Env, "TERM=xterm")
 		ptm, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 160})

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -107,4 +108,34 @@ func findStep(steps map[string]float64, part string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// TestInitProgram: corral runs the sandbox's init from the program it
+// carries, written once to the state directory, and a corral built without
+// it (tag corral_selfinit) re-executes itself as the init with the same
+// result: the workload runs confined and cannot signal its init.
+func TestInitProgram(t *testing.T) {
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		for _, tc := range []struct {
+			name, bin string
+			carried   bool
+		}{{"carried", corralBin, true}, {"self", selfInitBin, false}} {
+			t.Run(tc.name, func(t *testing.T) {
+				fx := newFixture(t, m)
+				attack := filepath.Join(fx.W, "attack")
+				copyFile(t, attackBin, attack, 0o755)
+				r := runCorral(t, fx, runOpts{bin: tc.bin, args: []string{attack, "signal-init-all"}})
+				if r.code != 3 || !strings.Contains(r.stdout, "BLOCKED") {
+					t.Fatalf("want the init out of the workload's reach (exit 3, BLOCKED)\n%s", r)
+				}
+				progs, _ := filepath.Glob(filepath.Join(fx.state, "bin", "corral-init-*"))
+				if tc.carried && len(progs) != 1 {
+					t.Fatalf("want one init program in %s/bin, found %v", fx.state, progs)
+				}
+				if !tc.carried && len(progs) != 0 {
+					t.Fatalf("a corral without an init program wrote %v", progs)
+				}
+			})
+		}
+	})
 }

@@ -1,0 +1,20 @@
+// Command corral-init is the sandbox's init as a program of its own. corral
+// carries it inside its binary (internal/sandbox/initbin), so each sandbox
+// starts a program that links only what the init needs instead of all of
+// corral; it is not meant to be installed or run by hand.
+package main
+
+import (
+	"os"
+	"runtime"
+
+	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
+)
+
+// init keeps the sandbox's init on the process's main thread, the one its
+// pid names (see initproc.InitMain).
+func init() { runtime.LockOSThread() }
+
+func main() {
+	os.Exit(initproc.InitMain())
+}
