@@ -49,7 +49,7 @@ resource limits a laptop survives.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd(), draftCmd)
+	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd(), draftCmd, newGatewayCmd())
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {

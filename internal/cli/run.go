@@ -74,6 +74,12 @@ type runFlags struct {
 	learn bool
 	// advisorProbe is --advisor-probe.
 	advisorProbe bool
+	// gateway, gatewayCA and gatewayToken are --gateway,
+	// --gateway-ca and --gateway-token-file; name and labels describe
+	// the sandbox to the gateway when it joins.
+	gateway, gatewayCA, gatewayToken string
+	name                             string
+	labels                           map[string]string
 }
 
 func newRunCmd() *cobra.Command {
@@ -141,12 +147,17 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.BoolVar(&f.advisorProbe, "advisor-probe", false, "let the policy advisor look up each refused name once, through corral's resolver, to propose allowed_ips for private addresses; this sends names the workload chose, and was refused, to the upstream resolver (always on in learn mode)")
 	fl.BoolVar(&f.learn, "learn", false, "learn mode (policy network.learn): let through connections no policy allows, except to internal addresses, and turn them into draft policy chunks (corral draft); for discovering what a workload needs, never for production")
 	fl.BoolVar(&f.trace, "trace", false, "print each start-up step and its duration to stderr (also: "+trace.Env+"=1)")
+	fl.StringVar(&f.gateway, "gateway", os.Getenv("CORRAL_GATEWAY"), "gateway URL (https://HOST:PORT): take the policy from it, receive its updates, report to it and push the audit trail (env CORRAL_GATEWAY)")
+	fl.StringVar(&f.gatewayCA, "gateway-ca", os.Getenv("CORRAL_GATEWAY_CA"), "PEM file of the gateway's CA (env CORRAL_GATEWAY_CA)")
+	fl.StringVar(&f.gatewayToken, "gateway-token-file", os.Getenv("CORRAL_GATEWAY_TOKEN_FILE"), "file holding the sandbox's gateway token, or a one-time join token (env CORRAL_GATEWAY_TOKEN_FILE)")
+	fl.StringVar(&f.name, "name", "", "name of the sandbox at the gateway, when it joins with a join token")
+	fl.StringToStringVar(&f.labels, "label", nil, "label K=V of the sandbox at the gateway, when it joins with a join token (repeatable)")
 	return cmd
 }
 
 var sessionName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
-func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
+func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	setupFailed := func(err error) error { return &exitError{code: sandbox.ExitSetupFailed, err: err} }
 	var tr *trace.Tracer
 	if f.trace || os.Getenv(trace.Env) == "1" {
@@ -202,6 +213,27 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: f.policy})
 		return setupFailed(err)
 	}
+	policySpec := f.policy
+	var gw *sandbox.Gateway
+	if f.gateway != "" {
+		var gwPol *policy.Policy
+		if gw, gwPol, err = connectGateway(cmd, f, state, argv, workdir, log, aud); err != nil {
+			return setupFailed(err)
+		}
+		defer func() {
+			var ee *exitError
+			code, err := 0, retErr
+			if errors.As(retErr, &ee) {
+				code, err = ee.code, ee.err
+			}
+			gw.Finish(code, err)
+		}()
+		log = gw.Logger(log)
+		if gwPol != nil {
+			pol, policySpec = gwPol, ""
+		}
+		tr.Step("gateway connected")
+	}
 	for _, w := range pol.Warnings() {
 		log.Warn("policy: " + w.String())
 	}
@@ -221,7 +253,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		log.Warn("could not remove all stale sandbox state", "err", err)
 	}
 
-	planPol, err := gitsrc.ForPlan(pol, workdir, f.policy)
+	planPol, err := gitsrc.ForPlan(pol, workdir, policySpec)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
@@ -298,6 +330,9 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 	} else if policies, err = reload.New(compiled, nil, aud, log); err != nil {
 		return setupFailed(err)
 	}
+	if gw != nil {
+		gw.Serve(cmd.Context(), policies)
+	}
 	env := masked.ScrubEnv(workloadEnv(os.Environ(), pl, uncaged != "", slices.Concat(inferenceEnv, masked.Env(), extraEnv)))
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
@@ -309,6 +344,31 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) error {
 		return &exitError{code: code, err: err}
 	}
 	return nil
+}
+
+// connectGateway connects to --gateway and returns the policy it gives
+// the sandbox, nil when it has none.
+func connectGateway(cmd *cobra.Command, f runFlags, state string, argv []string, workdir string, log *slog.Logger, aud *audit.Logger) (*sandbox.Gateway, *policy.Policy, error) {
+	if f.gatewayCA == "" || f.gatewayToken == "" {
+		return nil, nil, errors.New("--gateway needs --gateway-ca and --gateway-token-file")
+	}
+	// The run's policy goes with a join, for the gateway to start from.
+	var joinPolicy []byte
+	var err error
+	switch {
+	case gitsrc.IsSpec(f.policy):
+		if joinPolicy, _, _, err = gitsrc.Load(workdir, f.policy); err != nil {
+			return nil, nil, fmt.Errorf("--policy: %w", err)
+		}
+	case f.policy != "":
+		if joinPolicy, err = os.ReadFile(f.policy); err != nil {
+			return nil, nil, fmt.Errorf("--policy: %w", err)
+		}
+	}
+	return sandbox.ConnectGateway(cmd.Context(), sandbox.GatewayOptions{
+		URL: f.gateway, CAFile: f.gatewayCA, TokenFile: f.gatewayToken, StateDir: state,
+		Name: f.name, Labels: f.labels, Argv: argv, Workdir: workdir, Policy: joinPolicy, Log: log,
+	}, aud)
 }
 
 // loadPolicy loads the --policy given: a path, "git:REF:PATH" (read from

@@ -3,7 +3,19 @@ package policy
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"strings"
 )
+
+// CheckReload refuses q as the next version of a running p when it changes
+// a section StaticDiff names, saying which and what may change instead.
+func (p *Policy) CheckReload(q *Policy) error {
+	if diff := p.StaticDiff(q); len(diff) > 0 {
+		return fmt.Errorf("the new policy changes %s, which is fixed when a sandbox starts; only network policies and the hosts and headers of secrets can change — start a new sandbox for the rest",
+			strings.Join(diff, ", "))
+	}
+	return nil
+}
 
 // StaticDiff lists the sections of q that differ from p among those fixed
 // when a sandbox starts: the filesystem, Landlock, identity, limits, seccomp,

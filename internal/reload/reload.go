@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -107,9 +106,8 @@ func (r *Reloader) Apply(p *policy.Policy, source string) error {
 }
 
 func (r *Reloader) apply(prev *Snapshot, p *policy.Policy, source string) error {
-	if diff := prev.Policy.Policy.StaticDiff(p); len(diff) > 0 {
-		return r.failed(prev, source, fmt.Errorf("the new policy changes %s, which is fixed when a sandbox starts; only network policies and the hosts and headers of secrets can change — start a new sandbox for the rest",
-			strings.Join(diff, ", ")))
+	if err := prev.Policy.Policy.CheckReload(p); err != nil {
+		return r.failed(prev, source, err)
 	}
 	c, err := p.Compile()
 	if err != nil {

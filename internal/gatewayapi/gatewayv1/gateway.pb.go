@@ -644,8 +644,10 @@ func (x *WatchSandboxesRequest) GetSelector() map[string]string {
 }
 
 type SandboxEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The sandbox was deleted; sandbox holds its last state.
+	Deleted       bool `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,6 +687,13 @@ func (x *SandboxEvent) GetSandbox() *Sandbox {
 		return x.Sandbox
 	}
 	return nil
+}
+
+func (x *SandboxEvent) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
 }
 
 type PolicyVersion struct {
@@ -2278,9 +2287,10 @@ const file_corral_gateway_v1_gateway_proto_rawDesc = "" +
 	"\bselector\x18\x02 \x03(\v26.corral.gateway.v1.WatchSandboxesRequest.SelectorEntryR\bselector\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
 	"\fSandboxEvent\x124\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1a.corral.gateway.v1.SandboxR\asandbox\"\xcf\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1a.corral.gateway.v1.SandboxR\asandbox\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\"\xcf\x02\n" +
 	"\rPolicyVersion\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/internal/gateway/auth"
+	"github.com/corral-sandbox/corral/internal/gateway/server"
+	"github.com/corral-sandbox/corral/internal/gateway/store"
+)
+
+// storeFlags are shared by every command: the admin commands open the
+// gateway's store directly, on the gateway's host.
+type storeFlags struct {
+	dataDir  string
+	database string
+}
+
+func (f *storeFlags) open(ctx context.Context) (store.Store, error) {
+	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	return store.Open(ctx, f.database, f.dataDir)
+}
+
+// defaultDataDir is /var/lib/corral/gateway for root, else under the
+// user's state directory.
+func defaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/corral/gateway"
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "corral", "gateway")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "corral-gateway")
+	}
+	return filepath.Join(home, ".local", "state", "corral", "gateway")
+}
+
+func newRootCmd() *cobra.Command {
+	sf := &storeFlags{}
+	so := &serveOpts{}
+	root := &cobra.Command{
+		Use:   "corral-gateway",
+		Short: "Serve corral's control plane for many sandboxes",
+		Long: `corral-gateway serves the gateway API (gRPC, gRPC-Web and Connect/JSON over
+TLS) with /metrics, /healthz and /readyz. Without a subcommand it serves.
+On first start it makes its CA, server certificate and secret key in the
+data directory; use the token and issue-client commands on the same host to
+let users and supervisors in.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return so.run(cmd.Context(), sf) },
+	}
+	root.PersistentFlags().StringVar(&sf.dataDir, "data", defaultDataDir(), "data directory (TLS material, secret key, SQLite database)")
+	root.PersistentFlags().StringVar(&sf.database, "database", "", "postgres://… URL; empty = SQLite in the data directory")
+	so.flags(root)
+
+	serve := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the gateway (the default)",
+		Args:  cobra.NoArgs,
+	}
+	serveOpts := &serveOpts{}
+	serveOpts.flags(serve)
+	serve.RunE = func(cmd *cobra.Command, _ []string) error { return serveOpts.run(cmd.Context(), sf) }
+
+	root.AddCommand(serve, newIssueClientCmd(sf), newTokenCmd(sf))
+	return root
+}
+
+type serveOpts struct {
+	listen       string
+	sans         []string
+	url          string
+	logRetention int
+	logLevel     string
+	corral       string
+}
+
+func (o *serveOpts) flags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:7443", "address to serve on")
+	cmd.Flags().StringArrayVar(&o.sans, "san", nil, "extra host name or IP for the server certificate (repeatable)")
+	cmd.Flags().StringVar(&o.url, "url", "", "URL supervisors started here dial (default: from --listen)")
+	cmd.Flags().IntVar(&o.logRetention, "log-retention", server.DefaultLogRetention, "log entries kept per sandbox")
+	cmd.Flags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&o.corral, "corral", "", "corral binary the local driver starts supervisors with (default: next to corral-gateway, then PATH)")
+}
+
+func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(strings.ToUpper(o.logLevel))); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)
+	}
+	if o.logRetention <= 0 {
+		return fmt.Errorf("--log-retention must be positive")
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	return server.Run(ctx, server.RunConfig{
+		Listen:       o.listen,
+		DataDir:      sf.dataDir,
+		Database:     sf.database,
+		SANs:         o.sans,
+		URL:          o.url,
+		LogRetention: o.logRetention,
+		Drivers:      drivers(o.corral, sf.dataDir, log),
+		Logger:       log,
+	})
+}
+
+func newIssueClientCmd(sf *storeFlags) *cobra.Command {
+	var name, out string
+	cmd := &cobra.Command{
+		Use:   "issue-client --name N --out DIR",
+		Short: "Write a client certificate that authenticates as user N",
+		Long: `Write DIR/N.pem, DIR/N-key.pem (mode 0600) and DIR/ca.pem: a client
+certificate signed by the gateway's CA, which authenticates as user N.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if name == "" || out == "" {
+				return errors.New("--name and --out are required")
+			}
+			pki, err := auth.EnsurePKI(filepath.Join(sf.dataDir, "tls"), nil)
+			if err != nil {
+				return err
+			}
+			path, err := pki.IssueClient(name, out)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "client certificate for %s: %s (key %s, CA %s)\n",
+				name, path, filepath.Join(out, name+"-key.pem"), filepath.Join(out, "ca.pem"))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "user name the certificate authenticates as")
+	cmd.Flags().StringVar(&out, "out", "", "directory to write the certificate, key and CA into")
+	return cmd
+}
+
+func newTokenCmd(sf *storeFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "token",
+		Short: "Create, list and delete bearer tokens",
+	}
+	var name, sandbox string
+	var join bool
+	create := &cobra.Command{
+		Use:   "create (--name N | --sandbox ID | --join)",
+		Short: "Create a token and print its secret once",
+		Long: `Create a bearer token and print its secret; only its SHA-256 is kept, so
+it cannot be shown again.
+  --name N      a user token for N
+  --sandbox ID  a new credential for sandbox ID's supervisor
+  --join        a one-time token a supervisor on another host joins with`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			kind := store.TokenUser
+			switch {
+			case sandbox != "" && join:
+				return errors.New("give --sandbox or --join, not both")
+			case sandbox != "":
+				kind = store.TokenSandbox
+				if name == "" {
+					name = "sandbox " + sandbox
+				}
+			case join:
+				kind = store.TokenJoin
+				if name == "" {
+					name = "join"
+				}
+			case name == "":
+				return errors.New("give --name N for a user token, --sandbox ID or --join")
+			}
+			st, err := sf.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			secret, t, err := auth.CreateToken(cmd.Context(), st, kind, name, sandbox)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s, %s) created; its secret is shown only now:\n", t.ID, t.Kind, t.Name)
+			fmt.Fprintln(cmd.OutOrStdout(), secret)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "token name (the user it authenticates as)")
+	create.Flags().StringVar(&sandbox, "sandbox", "", "make a credential for this sandbox's supervisor")
+	create.Flags().BoolVar(&join, "join", false, "make a one-time join token")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List tokens (never their secrets)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := sf.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			ts, err := st.ListTokens(cmd.Context())
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tCREATED\tUSED")
+			for _, t := range ts {
+				used := "-"
+				if !t.UsedAt.IsZero() {
+					used = t.UsedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), t.CreatedAt.Format(time.RFC3339), used)
+			}
+			return w.Flush()
+		},
+	}
+	del := &cobra.Command{
+		Use:   "delete ID",
+		Short: "Delete a token; whoever holds it is refused from then on",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := sf.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := st.DeleteToken(cmd.Context(), args[0]); err != nil {
+				return fmt.Errorf("delete token %s: %w", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "token %s deleted\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, del)
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

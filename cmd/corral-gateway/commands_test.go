@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestTokenCommands(t *testing.T) {
+	data := t.TempDir()
+	for flag, prefix := range map[string]string{"--name=alice": "cgw_u_", "--join": "cgw_j_"} {
+		out, err := run(t, "token", "create", flag, "--data", data)
+		if err != nil || !strings.HasPrefix(out, prefix) {
+			t.Fatalf("token create %s: %q, %v", flag, out, err)
+		}
+	}
+	if _, err := run(t, "token", "create", "--data", data); err == nil {
+		t.Fatal("token create without a kind succeeded")
+	}
+	if _, err := run(t, "token", "create", "--sandbox", "nope", "--data", data); err == nil {
+		t.Fatal("a token for an unknown sandbox was made")
+	}
+	out, err := run(t, "token", "list", "--data", data)
+	if err != nil || !strings.Contains(out, "alice") || !strings.Contains(out, "join") || strings.Contains(out, "cgw_") {
+		t.Fatalf("token list: %q, %v", out, err)
+	}
+	id := strings.Fields(strings.Split(out, "\n")[1])[0]
+	if _, err := run(t, "token", "delete", id, "--data", data); err != nil {
+		t.Fatal(err)
+	}
+	if out2, _ := run(t, "token", "list", "--data", data); strings.Contains(out2, id) {
+		t.Fatalf("deleted token still listed:\n%s", out2)
+	}
+}
+
+func TestIssueClient(t *testing.T) {
+	data, out := t.TempDir(), t.TempDir()
+	if _, err := run(t, "issue-client", "--name", "carol", "--out", out, "--data", data); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"carol.pem", "carol-key.pem", "ca.pem"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(out, "carol-key.pem"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key mode: %v, %v", fi.Mode(), err)
+	}
+}

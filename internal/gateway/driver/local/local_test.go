@@ -1,0 +1,266 @@
+package local
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/gateway/driver"
+	"github.com/corral-sandbox/corral/internal/gateway/store"
+)
+
+// fakeCorral writes a script standing in for corral: it records its
+// arguments in its working directory, then runs body.
+func fakeCorral(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "corral")
+	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > args.txt\n" + body + "\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var testLink = driver.Link{URL: "https://127.0.0.1:7443", CAFile: "/gw/ca.pem", Token: "cgw_s_secret"}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func refPID(t *testing.T, ref string) int {
+	pid, _, err := parseRef(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func TestCreateInspectDelete(t *testing.T) {
+	data := t.TempDir()
+	d := New(fakeCorral(t, "exec sleep 60"), data)
+	sb := store.Sandbox{ID: "sb1", Command: []string{"echo", "hi there"}, Env: []string{"A=1"}}
+	ref, err := d.Create(context.Background(), sb, testLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.DriverRef = ref
+	pid := refPID(t, ref)
+	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+
+	st, err := d.Inspect(context.Background(), sb)
+	if err != nil || !st.Running {
+		t.Fatalf("Inspect = %+v, %v; want running", st, err)
+	}
+	dir := filepath.Join(data, "sandboxes", "sb1")
+	tok, err := os.ReadFile(filepath.Join(dir, TokenFile))
+	if err != nil || strings.TrimSpace(string(tok)) != testLink.Token {
+		t.Fatalf("token file = %q, %v", tok, err)
+	}
+	for _, name := range []string{TokenFile, LogFile} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, %v; want mode 0600", name, fi.Mode(), err)
+		}
+	}
+	work := filepath.Join(dir, WorkDir)
+	var args []string
+	waitFor(t, "the recorded arguments", func() bool {
+		data, err := os.ReadFile(filepath.Join(work, "args.txt"))
+		args = strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		return err == nil && len(args) > 1
+	})
+	want := []string{"run", "--gateway", testLink.URL, "--gateway-ca", testLink.CAFile, "--gateway-token-file", filepath.Join(dir, TokenFile),
+		"--workdir", work, "--env", "A=1", "--", "echo", "hi there"}
+	if !slices.Equal(args, want) {
+		t.Errorf("supervisor arguments\n got %q\nwant %q", args, want)
+	}
+
+	// Detached: a session and process group of its own, no terminal, and
+	// stdin from /dev/null.
+	if sid, _ := unix.Getsid(pid); sid != pid {
+		t.Errorf("supervisor session %d, want its own (%d)", sid, pid)
+	}
+	if pgid, _ := unix.Getpgid(pid); pgid == unix.Getpgrp() {
+		t.Errorf("supervisor is in the gateway's process group %d", pgid)
+	}
+	if in, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", pid)); in != os.DevNull {
+		t.Errorf("supervisor stdin = %s, want /dev/null", in)
+	}
+
+	if err := d.Delete(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := d.Inspect(context.Background(), sb); st.Running {
+		t.Error("running after Delete")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("sandbox directory left after Delete: %v", err)
+	}
+	// Reaped: no zombie left.
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); !os.IsNotExist(err) {
+		t.Errorf("supervisor %d still in /proc after Delete (a zombie?)", pid)
+	}
+	if err := d.Delete(context.Background(), sb); err != nil {
+		t.Errorf("second Delete: %v", err)
+	}
+}
+
+func TestExitCodeOfAReapedSupervisor(t *testing.T) {
+	d := New(fakeCorral(t, "exit 3"), t.TempDir())
+	sb := store.Sandbox{ID: "sb2", Command: []string{"true"}}
+	ref, err := d.Create(context.Background(), sb, testLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.DriverRef = ref
+	var st driver.Status
+	waitFor(t, "the exit", func() bool {
+		st, err = d.Inspect(context.Background(), sb)
+		return err == nil && st.ExitCode != nil
+	})
+	if st.Running || *st.ExitCode != 3 {
+		t.Errorf("status = %+v (code %d), want exited 3", st, *st.ExitCode)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", refPID(t, ref))); !os.IsNotExist(err) {
+		t.Errorf("exited supervisor not reaped: %v", err)
+	}
+}
+
+func TestDeleteKillsASupervisorIgnoringSIGTERM(t *testing.T) {
+	d := New(fakeCorral(t, "trap '' TERM\nexec sleep 60"), t.TempDir())
+	d.Grace = 200 * time.Millisecond
+	sb := store.Sandbox{ID: "sb3", Command: []string{"true"}}
+	ref, err := d.Create(context.Background(), sb, testLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.DriverRef = ref
+	t.Cleanup(func() { _ = unix.Kill(refPID(t, ref), unix.SIGKILL) })
+	time.Sleep(100 * time.Millisecond) // the trap is set
+	begin := time.Now()
+	if err := d.Delete(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := d.Inspect(context.Background(), sb)
+	if st.Running || time.Since(begin) < d.Grace {
+		t.Errorf("after Delete: %+v in %s; want killed after the grace", st, time.Since(begin))
+	}
+}
+
+// A reference whose pid now belongs to another process (the start time
+// differs) is not that process: Inspect says gone, and Delete leaves the
+// process alone.
+func TestStartTimeGuardsAgainstPidReuse(t *testing.T) {
+	other := exec.Command("sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	start, _, err := procStat(other.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := New("/nonexistent", t.TempDir())
+	sb := store.Sandbox{ID: "sb4", DriverRef: fmt.Sprintf("pid:%d:%d", other.Process.Pid, start+1)}
+	st, err := d.Inspect(context.Background(), sb)
+	if err != nil || st.Running {
+		t.Fatalf("Inspect of a reused pid = %+v, %v; want not running", st, err)
+	}
+	if err := d.Delete(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(other.Process.Pid, 0); err != nil {
+		t.Fatalf("Delete signalled the process that reuses the pid: %v", err)
+	}
+	// The right start time does identify it.
+	sb.DriverRef = fmt.Sprintf("pid:%d:%d", other.Process.Pid, start)
+	if st, _ := d.Inspect(context.Background(), sb); !st.Running {
+		t.Errorf("Inspect with the right start time = %+v, want running", st)
+	}
+
+	for _, bad := range []string{"", "pid:x:1", "pid:12", "k8s:pod"} {
+		sb.DriverRef = bad
+		if _, err := d.Inspect(context.Background(), sb); err == nil {
+			t.Errorf("Inspect(%q): want an error", bad)
+		}
+	}
+	if _, err := d.Create(context.Background(), store.Sandbox{ID: "../x", Command: []string{"true"}}, testLink); err == nil {
+		t.Error("Create with id ../x: want an error")
+	}
+}
+
+// gatewayHelper is the test binary standing in for a gateway: it creates
+// one sandbox, prints its reference and waits to be killed.
+const gatewayHelper = "CORRAL_TEST_LOCAL_GATEWAY"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(gatewayHelper); spec != "" {
+		bin, data, _ := strings.Cut(spec, ":")
+		ref, err := New(bin, data).Create(context.Background(), store.Sandbox{ID: "survivor", Command: []string{"true"}}, testLink)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println(ref)
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// The gateway's process group is killed (a restart, systemd stopping the
+// service): the supervisors it started live on, and a new driver finds
+// and deletes them.
+func TestSupervisorSurvivesGatewayRestart(t *testing.T) {
+	data := t.TempDir()
+	gw := exec.Command(os.Args[0], "-test.run=^$")
+	gw.Env = append(os.Environ(), gatewayHelper+"="+fakeCorral(t, "exec sleep 60")+":"+data)
+	gw.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := gw.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "pid:") {
+		t.Fatalf("gateway helper said %q, %v", line, err)
+	}
+	sb := store.Sandbox{ID: "survivor", DriverRef: strings.TrimSpace(line)}
+	pid := refPID(t, sb.DriverRef)
+	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+
+	if err := unix.Kill(-gw.Process.Pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = gw.Wait()
+	time.Sleep(100 * time.Millisecond)
+
+	d := New("/nonexistent", data)
+	st, err := d.Inspect(context.Background(), sb)
+	if err != nil || !st.Running {
+		t.Fatalf("after the gateway's process group was killed: %+v, %v; want the supervisor running", st, err)
+	}
+	if err := d.Delete(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := d.Inspect(context.Background(), sb); st.Running {
+		t.Error("running after Delete by the restarted gateway's driver")
+	}
+}

@@ -1,0 +1,367 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/corral-sandbox/corral/internal/gateway/auth"
+	"github.com/corral-sandbox/corral/internal/gateway/store"
+	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
+	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
+)
+
+// call is one procedure invoked as some principal; it returns the call's
+// error (a stream's first Receive error).
+type call func(ctx context.Context, c clients, sandboxID string) error
+
+func recvErr(s interface {
+	Receive() bool
+	Err() error
+}) error {
+	if s.Receive() {
+		return nil
+	}
+	return s.Err()
+}
+
+var procedures = map[string]call{
+	gatewayv1connect.SandboxServiceCreateProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Driver: DriverExternal}))
+		return err
+	},
+	gatewayv1connect.SandboxServiceListProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.sandbox.List(ctx, connect.NewRequest(&gatewayv1.ListSandboxesRequest{}))
+		return err
+	},
+	gatewayv1connect.SandboxServiceGetProcedure: func(ctx context.Context, c clients, id string) error {
+		_, err := c.sandbox.Get(ctx, connect.NewRequest(&gatewayv1.GetSandboxRequest{Id: id}))
+		return err
+	},
+	gatewayv1connect.SandboxServiceDeleteProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.sandbox.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: "no-such-sandbox"}))
+		return err
+	},
+	gatewayv1connect.SandboxServiceWatchProcedure: func(ctx context.Context, c clients, id string) error {
+		s, err := c.sandbox.Watch(ctx, connect.NewRequest(&gatewayv1.WatchSandboxesRequest{Id: id}))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return recvErr(s)
+	},
+	gatewayv1connect.PolicyServiceGetProcedure: func(ctx context.Context, c clients, id string) error {
+		_, err := c.policy.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id}))
+		return err
+	},
+	gatewayv1connect.PolicyServiceSetProcedure: func(ctx context.Context, c clients, id string) error {
+		_, err := c.policy.Set(ctx, connect.NewRequest(&gatewayv1.SetPolicyRequest{SandboxId: id, Yaml: "version: 1\n"}))
+		return err
+	},
+	gatewayv1connect.PolicyServiceHistoryProcedure: func(ctx context.Context, c clients, id string) error {
+		_, err := c.policy.History(ctx, connect.NewRequest(&gatewayv1.PolicyHistoryRequest{SandboxId: id}))
+		return err
+	},
+	gatewayv1connect.LogServiceQueryProcedure: func(ctx context.Context, c clients, id string) error {
+		_, err := c.logs.Query(ctx, connect.NewRequest(&gatewayv1.LogQuery{SandboxId: id}))
+		return err
+	},
+	gatewayv1connect.LogServiceFollowProcedure: func(ctx context.Context, c clients, id string) error {
+		s, err := c.logs.Follow(ctx, connect.NewRequest(&gatewayv1.LogQuery{SandboxId: id}))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return recvErr(s)
+	},
+	gatewayv1connect.SecretServiceSetProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.secrets.Set(ctx, connect.NewRequest(&gatewayv1.SetSecretRequest{Name: "MATRIX", Value: []byte("v")}))
+		return err
+	},
+	gatewayv1connect.SecretServiceListProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.secrets.List(ctx, connect.NewRequest(&gatewayv1.ListSecretsRequest{}))
+		return err
+	},
+	gatewayv1connect.SecretServiceDeleteProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.secrets.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSecretRequest{Name: "NONE"}))
+		return err
+	},
+	gatewayv1connect.RouteServiceSetProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.routes.Set(ctx, connect.NewRequest(&gatewayv1.SetRoutesRequest{Yaml: "routes: []\n"}))
+		return err
+	},
+	gatewayv1connect.RouteServiceGetProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.routes.Get(ctx, connect.NewRequest(&gatewayv1.GetRoutesRequest{}))
+		return err
+	},
+	gatewayv1connect.SupervisorServiceJoinProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: "joined"}))
+		return err
+	},
+	gatewayv1connect.SupervisorServiceSubscribeProcedure: func(ctx context.Context, c clients, _ string) error {
+		s, err := c.supervisor.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{}))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return recvErr(s)
+	},
+	gatewayv1connect.SupervisorServiceReportPolicyStatusProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.supervisor.ReportPolicyStatus(ctx, connect.NewRequest(&gatewayv1.ReportPolicyStatusRequest{Version: 1, Status: gatewayv1.PolicyStatus_POLICY_STATUS_LOADED}))
+		return err
+	},
+	gatewayv1connect.SupervisorServiceReportPhaseProcedure: func(ctx context.Context, c clients, _ string) error {
+		_, err := c.supervisor.ReportPhase(ctx, connect.NewRequest(&gatewayv1.ReportPhaseRequest{Phase: gatewayv1.Phase_PHASE_READY}))
+		return err
+	},
+	gatewayv1connect.SupervisorServicePushLogsProcedure: func(ctx context.Context, c clients, _ string) error {
+		s := c.supervisor.PushLogs(ctx)
+		if err := s.Send(&gatewayv1.LogBatch{Entries: []*gatewayv1.LogEntry{{Message: "m"}}}); err != nil {
+			_, err = s.CloseAndReceive()
+			return err
+		}
+		_, err := s.CloseAndReceive()
+		return err
+	},
+}
+
+// TestProceduresCovered keeps the matrix complete: a new procedure must
+// be added to it (and to auth.Allowed) before this passes.
+func TestProceduresCovered(t *testing.T) {
+	services := gatewayv1.File_corral_gateway_v1_gateway_proto.Services()
+	n := 0
+	for i := range services.Len() {
+		sd := services.Get(i)
+		for j := range sd.Methods().Len() {
+			proc := fmt.Sprintf("/%s/%s", sd.FullName(), sd.Methods().Get(j).Name())
+			if _, ok := procedures[proc]; !ok {
+				t.Errorf("%s is missing from the auth matrix", proc)
+			}
+			n++
+		}
+	}
+	if n != len(procedures) {
+		t.Errorf("the matrix has %d procedures, the API %d", len(procedures), n)
+	}
+}
+
+// TestAuthMatrix calls every procedure as every kind of principal: no
+// credential and a wrong one get Unauthenticated; a principal outside a
+// procedure's row gets PermissionDenied; inside it, the call is not
+// refused for who made it.
+func TestAuthMatrix(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	admin := g.clients(g.user, nil)
+	sb, err := admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Name: "m", Command: []string{"true"}, Driver: "fake"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.Msg.Id
+	sandboxToken := g.fake.link(id).Token
+
+	certPath, err := g.pki.IssueClient("carol", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(certPath, certPath[:len(certPath)-len(".pem")]+"-key.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An expired token, as an operator's expiry would leave it.
+	if err := g.store.AddToken(ctx, store.Token{ID: auth.NewID(), Name: "expired", Kind: store.TokenUser, Hash: auth.Hash("cgw_u_expired"), ExpiresAt: time.Now().Add(-time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+
+	userServices := map[string]bool{
+		gatewayv1connect.SandboxServiceName: true, gatewayv1connect.PolicyServiceName: true,
+		gatewayv1connect.LogServiceName: true, gatewayv1connect.SecretServiceName: true,
+		gatewayv1connect.RouteServiceName: true,
+	}
+	isSupervisor := func(p string) bool { return serviceOf(p) == gatewayv1connect.SupervisorServiceName }
+	type row struct {
+		name    string
+		token   func() string // fresh per call where a call spends it
+		cert    *tls.Certificate
+		allowed func(proc string) bool // nil: Unauthenticated everywhere
+	}
+	rows := []row{
+		{name: "none", token: func() string { return "" }},
+		{name: "wrong token", token: func() string { return "cgw_u_wrongwrongwrong" }},
+		{name: "expired token", token: func() string { return "cgw_u_expired" }},
+		{name: "user token", token: func() string { return g.user }, allowed: func(p string) bool { return userServices[serviceOf(p)] }},
+		{name: "client certificate", token: func() string { return "" }, cert: &cert, allowed: func(p string) bool { return userServices[serviceOf(p)] }},
+		{name: "sandbox token", token: func() string { return sandboxToken }, allowed: func(p string) bool {
+			return isSupervisor(p) && p != gatewayv1connect.SupervisorServiceJoinProcedure
+		}},
+		{name: "join token", token: func() string {
+			s, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "j", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}, allowed: func(p string) bool { return p == gatewayv1connect.SupervisorServiceJoinProcedure }},
+	}
+	for _, r := range rows {
+		for proc, fn := range procedures {
+			t.Run(r.name+proc, func(t *testing.T) {
+				cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				defer cancel()
+				err := fn(cctx, g.clients(r.token(), r.cert), id)
+				code := codeOf(err)
+				switch {
+				case r.allowed == nil:
+					if code != connect.CodeUnauthenticated {
+						t.Fatalf("got %v (%v), want unauthenticated", code, err)
+					}
+				case r.allowed(proc):
+					if code == connect.CodeUnauthenticated || code == connect.CodePermissionDenied {
+						t.Fatalf("refused: %v", err)
+					}
+				default:
+					if code != connect.CodePermissionDenied {
+						t.Fatalf("got %v (%v), want permission_denied", code, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func serviceOf(proc string) string {
+	for i := 1; i < len(proc); i++ {
+		if proc[i] == '/' {
+			return proc[1:i]
+		}
+	}
+	return ""
+}
+
+// TestServerCertIsNoClientCert: the gateway's own certificate, signed by
+// the same CA but for server auth only, does not log anyone in.
+func TestServerCertIsNoClientCert(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	c := g.clients("", &g.pki.Server)
+	_, err := c.sandbox.List(ctxT(t), connect.NewRequest(&gatewayv1.ListSandboxesRequest{}))
+	// The handshake fails (the server's certificate is not for client
+	// auth); the client-certificate row of TestAuthMatrix is the control.
+	if err == nil {
+		t.Fatal("the server certificate was accepted as a client certificate")
+	}
+}
+
+// TestJoinTokenSpentOnce: of concurrent joins with one token exactly one
+// gets a sandbox; the token is then refused, and the sandbox credential it
+// returned works as that sandbox.
+func TestJoinTokenSpentOnce(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	join, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "host-b", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := g.clients(join, nil)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok []*gatewayv1.JoinResponse
+	for range 5 {
+		wg.Go(func() {
+			r, err := c.supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: "remote"}))
+			if err == nil {
+				mu.Lock()
+				ok = append(ok, r.Msg)
+				mu.Unlock()
+			} else if codeOf(err) != connect.CodeUnauthenticated {
+				t.Errorf("losing join: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(ok) != 1 {
+		t.Fatalf("%d joins succeeded with one token", len(ok))
+	}
+	sbs, err := g.store.ListSandboxes(ctx, nil)
+	if err != nil || len(sbs) != 1 {
+		t.Fatalf("sandboxes after the joins: %v, %v", sbs, err)
+	}
+	sup := g.clients(ok[0].Token, nil)
+	if _, err := sup.supervisor.ReportPhase(ctx, connect.NewRequest(&gatewayv1.ReportPhaseRequest{Phase: gatewayv1.Phase_PHASE_READY})); err != nil {
+		t.Fatal(err)
+	}
+	got, err := g.store.GetSandbox(ctx, ok[0].SandboxId)
+	if err != nil || got.Phase != store.PhaseReady || got.Driver != DriverExternal {
+		t.Fatalf("joined sandbox = %+v, %v", got, err)
+	}
+}
+
+// TestDeletedSandboxCredentialRefused: deleting a sandbox revokes its
+// supervisor's credential.
+func TestDeletedSandboxCredentialRefused(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	admin := g.clients(g.user, nil)
+	sb, err := admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Command: []string{"true"}, Driver: "fake"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup := g.clients(g.fake.link(sb.Msg.Id).Token, nil)
+	if _, err := admin.sandbox.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: sb.Msg.Id})); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sup.supervisor.ReportPhase(ctx, connect.NewRequest(&gatewayv1.ReportPhaseRequest{Phase: gatewayv1.Phase_PHASE_READY}))
+	if codeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("deleted sandbox's credential: %v, want unauthenticated", err)
+	}
+}
+
+// TestSandboxCredentialCannotActForAnother: a supervisor's stream carries
+// only its own sandbox's policy, and its reports change only its own
+// sandbox, whatever another sandbox does.
+func TestSandboxCredentialCannotActForAnother(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	a, supA := createFake(t, g, "a")
+	b, _ := createFake(t, g, "b")
+	user := g.clients(g.user, nil)
+
+	s, err := supA.supervisor.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.Receive() || s.Msg().Policy.SandboxId != a {
+		t.Fatalf("first update: %v %v", s.Msg(), s.Err())
+	}
+	for _, id := range []string{b, a} {
+		if _, err := user.policy.Set(ctx, connect.NewRequest(&gatewayv1.SetPolicyRequest{SandboxId: id, Yaml: "version: 1\nnetwork: {allow: [\"" + id + ".example.com:443\"]}\n"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.Receive() {
+		t.Fatal(s.Err())
+	}
+	if p := s.Msg().Policy; p.SandboxId != a || !strings.Contains(p.Yaml, a+".example.com") {
+		t.Fatalf("a's stream carried %s's policy:\n%s", p.SandboxId, p.Yaml)
+	}
+
+	if _, err := supA.supervisor.ReportPolicyStatus(ctx, connect.NewRequest(&gatewayv1.ReportPolicyStatusRequest{Version: 2, Status: gatewayv1.PolicyStatus_POLICY_STATUS_FAILED, Error: "x"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := supA.supervisor.ReportPhase(ctx, connect.NewRequest(&gatewayv1.ReportPhaseRequest{Phase: gatewayv1.Phase_PHASE_FAILED, Reason: "x"})); err != nil {
+		t.Fatal(err)
+	}
+	gb, err := user.sandbox.Get(ctx, connect.NewRequest(&gatewayv1.GetSandboxRequest{Id: b}))
+	if err != nil || gb.Msg.Phase != gatewayv1.Phase_PHASE_PROVISIONING || gb.Msg.PolicyStatus != gatewayv1.PolicyStatus_POLICY_STATUS_PENDING {
+		t.Fatalf("b changed by a's reports: %+v, %v", gb.Msg, err)
+	}
+	ga, err := user.sandbox.Get(ctx, connect.NewRequest(&gatewayv1.GetSandboxRequest{Id: a}))
+	if err != nil || ga.Msg.Phase != gatewayv1.Phase_PHASE_FAILED || ga.Msg.PolicyStatus != gatewayv1.PolicyStatus_POLICY_STATUS_FAILED {
+		t.Fatalf("a's own reports: %+v, %v", ga.Msg, err)
+	}
+}
