@@ -1,31 +1,61 @@
 package cli
 
 import (
+	"bufio"
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
+	"github.com/corral-sandbox/corral/internal/gatewayclient"
 )
 
 // gatewayBinary is the gateway's own executable. It is separate so that
 // gRPC, the SQL drivers and Prometheus never add to `corral run`.
 const gatewayBinary = "corral-gateway"
 
+// gatewayHelp ends the help of every command that talks to a gateway.
+const gatewayHelp = `
+The gateway is --gateway URL, else $CORRAL_GATEWAY, else the one saved by
+corral gateway login. The CA its certificate must verify with is
+--gateway-ca FILE, else $CORRAL_GATEWAY_CA, else the login's (the gateway
+keeps it as tls/ca.pem in its data directory). The token is
+$CORRAL_GATEWAY_TOKEN (the secret itself) or the file named by
+$CORRAL_GATEWAY_TOKEN_FILE, else the login's. The login's CA and token are
+used only for the gateway they were saved with.`
+
+// callTimeout bounds one request/response call to the gateway.
+const callTimeout = 30 * time.Second
+
 func newGatewayCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "gateway [serve|token|issue-client] [flags]",
-		Short: "Run the control plane for many sandboxes (corral-gateway)",
-		Long: `Run corral-gateway with these arguments: the gateway serving sandboxes,
-policies, logs, secrets and model routes over gRPC/Connect on TLS, and its
-admin commands (token create|list|delete, issue-client). See
-corral gateway --help once corral-gateway is installed.
+	cmd := &cobra.Command{
+		Use:   "gateway [login|logout|serve|token|issue-client] [flags]",
+		Short: "Run the control plane for many sandboxes (corral-gateway), or log in to one",
+		Long: `corral gateway login and logout save and remove the gateway this corral
+talks to (for corral sandbox, logs, policy and ps --gateway).
+
+Anything else runs corral-gateway with these arguments: the gateway serving
+sandboxes, policies, logs, secrets and model routes over gRPC/Connect on
+TLS, and its admin commands (token create|list|delete, issue-client). See
+corral gateway serve --help once corral-gateway is installed.
 
 corral-gateway is looked up next to this corral binary, then in PATH.`,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 && (args[0] == "-h" || args[0] == "--help") {
+				return cmd.Help()
+			}
 			bin, err := findGateway()
 			if err != nil {
 				return &exitError{code: 2, err: err}
@@ -38,6 +68,8 @@ corral-gateway is looked up next to this corral binary, then in PATH.`,
 			return nil
 		},
 	}
+	cmd.AddCommand(newGatewayLoginCmd(), newGatewayLogoutCmd())
+	return cmd
 }
 
 // findGateway looks next to this executable first, so a corral and a
@@ -56,4 +88,162 @@ func findGateway() (string, error) {
 	}
 	return "", fmt.Errorf("%s not found next to corral (in %s) or in PATH; build it with: go build -o %s/%s ./cmd/corral-gateway",
 		gatewayBinary, dir, dir, gatewayBinary)
+}
+
+func newGatewayLoginCmd() *cobra.Command {
+	var gf gatewayFlags
+	var tokenFile string
+	cmd := &cobra.Command{
+		Use:   "login --gateway URL --gateway-ca FILE [--token-file FILE]",
+		Short: "Check a gateway token and save it for later commands",
+		Long: `Check that the gateway at --gateway (else $CORRAL_GATEWAY) answers with a
+certificate the CA in --gateway-ca (else $CORRAL_GATEWAY_CA) verifies and
+accepts the token, then save the URL, the CA's absolute path and the token
+to $XDG_CONFIG_HOME/corral/gateway.json (default ~/.config/corral/gateway.json),
+readable by you only. Later corral sandbox, logs, policy and ps commands
+use it when neither a flag nor the environment names a gateway.
+
+The token (corral gateway token create --name NAME on the gateway's host)
+is read from --token-file, else from standard input; never from a flag, so
+it stays out of the shell's history and the process list.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			raw := gf.opts.URL
+			if raw == "" {
+				raw = os.Getenv(gatewayclient.EnvURL)
+			}
+			if raw == "" {
+				return &exitError{code: 2, err: errors.New("--gateway URL is required (e.g. https://gateway.example:7443)")}
+			}
+			u, err := gatewayclient.NormalizeURL(raw)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			ca := gf.opts.CAFile
+			if ca == "" {
+				ca = os.Getenv(gatewayclient.EnvCA)
+			}
+			t := gatewayclient.Target{URL: u, CAFile: ca}
+			if tokenFile != "" {
+				t.Token, err = gatewayclient.ReadToken(tokenFile)
+				t.TokenFrom = tokenFile
+			} else {
+				t.Token, err = readTokenStdin(cmd.InOrStdin(), cmd.ErrOrStderr())
+				t.TokenFrom = "standard input"
+			}
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			c, err := gatewayclient.New(t)
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+			defer cancel()
+			resp, err := c.Sandboxes.List(ctx, connect.NewRequest(&gatewayv1.ListSandboxesRequest{}))
+			if err != nil {
+				return gwErr(c, err, "")
+			}
+			path, err := gatewayclient.WriteLogin(gatewayclient.Login{URL: u, CAFile: ca, Token: t.Token})
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "logged in to %s (%d sandboxes); saved to %s\n", u, len(resp.Msg.Sandboxes), path)
+			return nil
+		},
+	}
+	gf.add(cmd)
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the token (default: read it from standard input)")
+	return cmd
+}
+
+// readTokenStdin reads one line; on a terminal it asks for it and does
+// not echo it.
+func readTokenStdin(in io.Reader, prompt io.Writer) (string, error) {
+	if f, ok := in.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		fmt.Fprint(prompt, "gateway token: ")
+		b, err := term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(prompt)
+		if err != nil {
+			return "", fmt.Errorf("read the token: %w", err)
+		}
+		return nonEmptyToken(string(b))
+	}
+	line, err := bufio.NewReader(in).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("read the token from standard input: %w", err)
+	}
+	return nonEmptyToken(line)
+}
+
+func nonEmptyToken(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return "", errors.New("no token on standard input: pipe it in, or pass --token-file FILE")
+	}
+	return s, nil
+}
+
+func newGatewayLogoutCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "logout",
+		Short: "Remove the gateway login saved by corral gateway login",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path, existed, err := gatewayclient.RemoveLogin()
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			if !existed {
+				fmt.Fprintf(cmd.OutOrStdout(), "not logged in (no %s)\n", path)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", path)
+			return nil
+		},
+	}
+}
+
+// gatewayFlags are --gateway and --gateway-ca, on every command that
+// talks to a gateway.
+type gatewayFlags struct {
+	opts gatewayclient.Options
+}
+
+func (g *gatewayFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&g.opts.URL, "gateway", "", "gateway URL, https://HOST:PORT (default: $CORRAL_GATEWAY, else the login)")
+	cmd.Flags().StringVar(&g.opts.CAFile, "gateway-ca", "", "CA file the gateway's certificate must verify with (default: $CORRAL_GATEWAY_CA, else the login)")
+}
+
+// configured reports whether these commands should go to a gateway.
+func (g *gatewayFlags) configured() (bool, error) {
+	ok, err := gatewayclient.Configured(g.opts)
+	if err != nil {
+		return false, &exitError{code: 2, err: err}
+	}
+	return ok, nil
+}
+
+// dial resolves the gateway and builds its clients.
+func (g *gatewayFlags) dial() (*gatewayclient.Client, error) {
+	t, err := gatewayclient.Resolve(g.opts)
+	if err != nil {
+		return nil, &exitError{code: 2, err: err}
+	}
+	c, err := gatewayclient.New(t)
+	if err != nil {
+		return nil, &exitError{code: 2, err: err}
+	}
+	return c, nil
+}
+
+// gwErr explains a failed gateway call; the gateway refusing the input
+// itself exits 2, like corral policy check, anything else 1.
+func gwErr(c *gatewayclient.Client, err error, sandboxID string) error {
+	code := 1
+	if gatewayclient.Invalid(err) {
+		code = 2
+	}
+	return &exitError{code: code, err: c.Explain(err, sandboxID)}
 }

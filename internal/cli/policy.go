@@ -5,14 +5,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/egress/decide"
+	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
+	"github.com/corral-sandbox/corral/internal/gatewayclient"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
@@ -21,9 +26,10 @@ import (
 func newPolicyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
-		Short: "Validate and explain sandbox policies",
+		Short: "Validate and explain sandbox policies; set, read and follow them through a gateway",
 	}
-	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicySetCmd(), newPolicyDefaultCmd(), newPolicyRulesCmd())
+	cmd.AddCommand(newPolicyCheckCmd(), newPolicyExplainCmd(), newPolicySetCmd(), newPolicyDefaultCmd(), newPolicyRulesCmd(),
+		newPolicyGetCmd(), newPolicyHistoryCmd(), newPolicyStatusCmd())
 	return cmd
 }
 
@@ -109,7 +115,10 @@ and the network plan. Nothing is started.`,
 }
 
 func newPolicySetCmd() *cobra.Command {
+	var gf gatewayFlags
 	var stateDir, id string
+	var local bool
+	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "set --sandbox ID FILE|git:REF:PATH",
 		Short: "Replace the network policy of a running sandbox",
@@ -119,7 +128,14 @@ the sections it leaves out stay as they run (with "extends: none" FILE is the
 whole policy). Only network policies and the hosts and headers of secrets
 may change: the filesystem, Landlock, process, limits, seccomp, state and
 network mode are fixed when a sandbox starts, and a policy that changes them
-is rejected. A rejected policy never replaces the working one.`,
+is rejected. A rejected policy never replaces the working one.
+
+With a gateway configured (see below) the policy goes to the gateway, which
+stores it as the sandbox's next version and pushes it to the supervisor;
+set prints the version and waits up to --wait for the supervisor to report
+it LOADED or FAILED, and exits 1 on FAILED with the supervisor's error.
+Without a gateway, or with --local, it goes to the sandbox on this host
+through its control socket.` + "\n" + gatewayHelp,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if id == "" {
@@ -128,6 +144,15 @@ is rejected. A rejected policy never replaces the working one.`,
 			data, source, err := readPolicyFile(args[0])
 			if err != nil {
 				return &exitError{code: 2, err: err}
+			}
+			if !local {
+				remote, err := gf.configured()
+				if err != nil {
+					return err
+				}
+				if remote {
+					return setGatewayPolicy(cmd, &gf, id, data, wait)
+				}
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
@@ -142,10 +167,203 @@ is rejected. A rejected policy never replaces the working one.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&id, "sandbox", "", "id of the running sandbox (see corral ps)")
-	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory of the sandbox")
+	cmd.Flags().StringVar(&id, "sandbox", "", "id of the running sandbox (see corral ps, or corral sandbox list)")
+	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory of the sandbox (without a gateway)")
+	cmd.Flags().BoolVar(&local, "local", false, "set the policy of a sandbox on this host even when a gateway is configured")
+	cmd.Flags().DurationVar(&wait, "wait", 5*time.Second, "with a gateway: how long to wait for LOADED or FAILED (0: do not wait)")
+	gf.add(cmd)
 	return cmd
 }
+
+// setGatewayPolicy stores the next version at the gateway and waits for
+// the supervisor's word on it.
+func setGatewayPolicy(cmd *cobra.Command, gf *gatewayFlags, id string, data []byte, wait time.Duration) error {
+	c, err := gf.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+	defer cancel()
+	resp, err := c.Policies.Set(ctx, connect.NewRequest(&gatewayv1.SetPolicyRequest{SandboxId: id, Yaml: string(data)}))
+	if err != nil {
+		return gwErr(c, err, id)
+	}
+	pv := resp.Msg
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "sandbox %s: policy version %d (sha256 %s)\n", id, pv.Version, pv.Sha256)
+	if wait <= 0 {
+		return nil
+	}
+	pv, err = awaitPolicyStatus(cmd.Context(), c, id, pv.Version, wait)
+	if err != nil {
+		return gwErr(c, err, id)
+	}
+	switch pv.Status {
+	case gatewayv1.PolicyStatus_POLICY_STATUS_LOADED:
+		fmt.Fprintf(out, "sandbox %s: policy version %d LOADED\n", id, pv.Version)
+		return nil
+	case gatewayv1.PolicyStatus_POLICY_STATUS_FAILED:
+		return &exitError{code: 1, err: fmt.Errorf("sandbox %s: policy version %d FAILED, the sandbox keeps its previous policy: %s", id, pv.Version, pv.Error)}
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "corral: sandbox %s has not reported policy version %d after %s; it applies it when its supervisor is connected (see corral policy status --sandbox %s)\n",
+		id, pv.Version, wait, id)
+	return nil
+}
+
+// awaitPolicyStatus waits, bounded by wait, until the supervisor reports
+// version v LOADED or FAILED, and returns the version as it then is
+// (still PENDING when the time ran out). It watches the sandbox, which
+// changes when the status does, rather than polling.
+func awaitPolicyStatus(ctx context.Context, c *gatewayclient.Client, id string, v int64, wait time.Duration) (*gatewayv1.PolicyVersion, error) {
+	// A timer, not a deadline: a deadline travels to the gateway, which
+	// may then end the stream with an error of its own first.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	timer := time.AfterFunc(wait, cancel)
+	defer timer.Stop()
+	stream, err := c.Sandboxes.Watch(wctx, connect.NewRequest(&gatewayv1.WatchSandboxesRequest{Id: id}))
+	if err != nil {
+		return nil, err
+	}
+	for stream.Receive() {
+		sb := stream.Msg().Sandbox
+		if sb.PolicyVersion > v || (sb.PolicyVersion == v && sb.PolicyStatus != gatewayv1.PolicyStatus_POLICY_STATUS_PENDING) {
+			break
+		}
+	}
+	if err := stream.Err(); err != nil && wctx.Err() == nil {
+		stream.Close()
+		return nil, err
+	}
+	stream.Close()
+	gctx, gcancel := context.WithTimeout(ctx, callTimeout)
+	defer gcancel()
+	resp, err := c.Policies.Get(gctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id, Version: v}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func newPolicyGetCmd() *cobra.Command {
+	var gf gatewayFlags
+	var id string
+	var version int64
+	cmd := &cobra.Command{
+		Use:   "get --sandbox ID [--version N]",
+		Short: "Print a sandbox's policy as the gateway stores it",
+		Long: `Print the newest policy version of the sandbox (or version N) as YAML: the
+whole effective policy, ready for corral policy set.` + "\n" + gatewayHelp,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := gatewayForPolicy(&gf, id)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+			defer cancel()
+			resp, err := c.Policies.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id, Version: version}))
+			if err != nil {
+				if version != 0 && connect.CodeOf(err) == connect.CodeNotFound {
+					return &exitError{code: 1, err: fmt.Errorf("sandbox %s has no policy version %d at the gateway (see corral policy history --sandbox %s)", id, version, id)}
+				}
+				return gwErr(c, err, id)
+			}
+			_, err = io.WriteString(cmd.OutOrStdout(), resp.Msg.Yaml)
+			return err
+		},
+	}
+	gf.add(cmd)
+	cmd.Flags().StringVar(&id, "sandbox", "", "id of the sandbox (see corral sandbox list)")
+	cmd.Flags().Int64Var(&version, "version", 0, "the version to print (default: the newest)")
+	return cmd
+}
+
+func newPolicyHistoryCmd() *cobra.Command {
+	var gf gatewayFlags
+	var id string
+	cmd := &cobra.Command{
+		Use:   "history --sandbox ID",
+		Short: "List the policy versions of a sandbox at the gateway",
+		Long: `List every policy version of the sandbox: when it was set, by whom, its
+SHA-256 and what the supervisor reported (PENDING, LOADED, FAILED and why).` + "\n" + gatewayHelp,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := gatewayForPolicy(&gf, id)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+			defer cancel()
+			resp, err := c.Policies.History(ctx, connect.NewRequest(&gatewayv1.PolicyHistoryRequest{SandboxId: id}))
+			if err != nil {
+				return gwErr(c, err, id)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "VERSION\tCREATED\tAUTHOR\tSHA256\tSTATUS\tERROR")
+			for _, pv := range resp.Msg.Versions {
+				fmt.Fprintf(w, "%d\t%s\t%s\t%.12s\t%s\t%s\n", pv.Version, pv.CreatedAt.AsTime().Local().Format(time.RFC3339),
+					orDash(pv.Author), pv.Sha256, policyStatusName(pv.Status), orDash(oneLine(pv.Error)))
+			}
+			return w.Flush()
+		},
+	}
+	gf.add(cmd)
+	cmd.Flags().StringVar(&id, "sandbox", "", "id of the sandbox (see corral sandbox list)")
+	return cmd
+}
+
+func newPolicyStatusCmd() *cobra.Command {
+	var gf gatewayFlags
+	var id string
+	cmd := &cobra.Command{
+		Use:   "status --sandbox ID",
+		Short: "Show whether a sandbox loaded its newest policy",
+		Long: `Print the sandbox's newest policy version and what its supervisor reported
+for it: PENDING (not yet applied, e.g. while the supervisor is away),
+LOADED, or FAILED with the error (the sandbox then keeps enforcing the
+version it had).` + "\n" + gatewayHelp,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := gatewayForPolicy(&gf, id)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+			defer cancel()
+			resp, err := c.Policies.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id}))
+			if err != nil {
+				return gwErr(c, err, id)
+			}
+			pv := resp.Msg
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "sandbox %s: policy version %d (sha256 %s, set by %s at %s) %s\n", id, pv.Version, pv.Sha256,
+				orDash(pv.Author), pv.CreatedAt.AsTime().Local().Format(time.RFC3339), policyStatusName(pv.Status))
+			if pv.Error != "" {
+				fmt.Fprintf(out, "error: %s\n", pv.Error)
+			}
+			return nil
+		},
+	}
+	gf.add(cmd)
+	cmd.Flags().StringVar(&id, "sandbox", "", "id of the sandbox (see corral sandbox list)")
+	return cmd
+}
+
+// gatewayForPolicy checks --sandbox and dials the gateway for the policy
+// commands that exist only there.
+func gatewayForPolicy(gf *gatewayFlags, id string) (*gatewayclient.Client, error) {
+	if id == "" {
+		return nil, &exitError{code: 2, err: errors.New("--sandbox ID is required (see corral sandbox list)")}
+	}
+	return gf.dial()
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // readPolicyFile reads a policy file by path, or as committed in the
 // current directory's repository for git:REF:PATH, and names its source.

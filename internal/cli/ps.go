@@ -15,13 +15,28 @@ import (
 )
 
 func newPsCmd() *cobra.Command {
+	var gf gatewayFlags
 	var stateDir string
+	var local bool
 	cmd := &cobra.Command{
 		Use:   "ps",
 		Short: "List running sandboxes",
-		Long:  "List the sandboxes running under the state directory, with their supervisor pid, command, policy and start time.",
-		Args:  cobra.NoArgs,
+		Long: `List the sandboxes running under the state directory, with their supervisor
+pid, command, policy and start time.
+
+With a gateway configured (see below) list the gateway's sandboxes instead,
+as corral sandbox list does; --local lists this host's anyway.` + "\n" + gatewayHelp,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !local {
+				remote, err := gf.configured()
+				if err != nil {
+					return err
+				}
+				if remote {
+					return listSandboxes(cmd, &gf, nil, false)
+				}
+			}
 			state := orStateDir(stateDir)
 			entries, err := os.ReadDir(statedir.Runs(state))
 			if err != nil && !os.IsNotExist(err) {
@@ -44,6 +59,8 @@ func newPsCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory (default: /var/lib/corral as root, else $XDG_STATE_HOME/corral)")
+	cmd.Flags().BoolVar(&local, "local", false, "list this host's sandboxes even when a gateway is configured")
+	gf.add(cmd)
 	return cmd
 }
 

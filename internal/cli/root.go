@@ -36,6 +36,10 @@ func (e *exitError) Unwrap() error { return e.err }
 
 // Execute runs the CLI with args and returns the process exit code.
 func Execute(ctx context.Context, args []string) int {
+	return execute(ctx, args, os.Stdin, os.Stdout, os.Stderr)
+}
+
+func execute(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) int {
 	root := &cobra.Command{
 		Use:   "corral",
 		Short: "Run AI coding agents and everything they spawn inside a policy-governed Linux sandbox",
@@ -49,8 +53,11 @@ resource limits a laptop survives.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd(), draftCmd, newGatewayCmd())
+	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd(), draftCmd, newGatewayCmd(), newSandboxCmd(), newLogsCmd())
 	root.SetArgs(args)
+	root.SetIn(in)
+	root.SetOut(out)
+	root.SetErr(errOut)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
@@ -58,11 +65,11 @@ resource limits a laptop survives.`,
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintf(os.Stderr, "corral: %v\n", ee.err)
+			fmt.Fprintf(errOut, "corral: %v\n", ee.err)
 		}
 		return ee.code
 	}
-	fmt.Fprintf(os.Stderr, "corral: %v\n", err)
+	fmt.Fprintf(errOut, "corral: %v\n", err)
 	return 2
 }
 
