@@ -40,10 +40,11 @@ const callTimeout = 30 * time.Second
 
 func newGatewayCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "gateway [login|logout|serve|token|issue-client] [flags]",
+		Use:   "gateway [login|logout|secret|routes|serve|token|issue-client] [flags]",
 		Short: "Run the control plane for many sandboxes (corral-gateway), or log in to one",
 		Long: `corral gateway login and logout save and remove the gateway this corral
-talks to (for corral sandbox, logs, policy and ps --gateway).
+talks to (for corral sandbox, logs, policy and ps --gateway); corral gateway
+secret and routes keep credentials and model routes at it.
 
 Anything else runs corral-gateway with these arguments: the gateway serving
 sandboxes, policies, logs, secrets and model routes over gRPC/Connect on
@@ -68,7 +69,7 @@ corral-gateway is looked up next to this corral binary, then in PATH.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(newGatewayLoginCmd(), newGatewayLogoutCmd())
+	cmd.AddCommand(newGatewayLoginCmd(), newGatewayLogoutCmd(), newGatewaySecretCmd(), newGatewayRoutesCmd())
 	return cmd
 }
 

@@ -24,6 +24,8 @@ type Client struct {
 	Sandboxes gatewayv1connect.SandboxServiceClient
 	Policies  gatewayv1connect.PolicyServiceClient
 	Logs      gatewayv1connect.LogServiceClient
+	Secrets   gatewayv1connect.SecretServiceClient
+	Routes    gatewayv1connect.RouteServiceClient
 
 	transport *http.Transport
 }
@@ -58,6 +60,8 @@ func New(t Target) (*Client, error) {
 		Sandboxes: gatewayv1connect.NewSandboxServiceClient(hc, t.URL, o),
 		Policies:  gatewayv1connect.NewPolicyServiceClient(hc, t.URL, o),
 		Logs:      gatewayv1connect.NewLogServiceClient(hc, t.URL, o),
+		Secrets:   gatewayv1connect.NewSecretServiceClient(hc, t.URL, o),
+		Routes:    gatewayv1connect.NewRouteServiceClient(hc, t.URL, o),
 		transport: tr,
 	}, nil
 }
