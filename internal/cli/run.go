@@ -234,6 +234,16 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		}
 		tr.Step("gateway connected")
 	}
+	if gw != nil {
+		if err := gw.CheckSecrets(pol); err != nil {
+			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+			return setupFailed(err)
+		}
+	} else if names := pol.GatewaySecrets(); len(names) > 0 {
+		err := fmt.Errorf("the policy takes %s from_gateway, but corral run has no --gateway (or CORRAL_GATEWAY) to take them from", strings.Join(names, ", "))
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+		return setupFailed(err)
+	}
 	for _, w := range pol.Warnings() {
 		log.Warn("policy: " + w.String())
 	}
@@ -299,8 +309,19 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 			return setupFailed(fmt.Errorf("--inference-routes: %w", err))
 		}
 		routes, fileRoutes = c, &c
+		if gw != nil && gw.HasRoutes() {
+			log.Warn("--inference-routes wins over the gateway's model routes for this run, and the gateway's updates to them are ignored")
+		}
+	} else if gw != nil {
+		if c := gw.Routes(); c != nil {
+			routes, fileRoutes = *c, c
+		}
 	}
-	masked, err := secrets.Load(compiled.Secrets, os.Getenv)
+	src := secrets.Sources{Getenv: os.Getenv}
+	if gw != nil {
+		src.Gateway = gw.SecretLookup()
+	}
+	masked, err := secrets.LoadFrom(compiled.Secrets, src)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(fmt.Errorf("load secrets: %w", err))
@@ -331,7 +352,16 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		return setupFailed(err)
 	}
 	if gw != nil {
-		gw.Serve(cmd.Context(), policies)
+		t := sandbox.GatewayTargets{Policy: policies, Secrets: masked}
+		switch {
+		case f.inferenceRoutes != "":
+			t.RoutesFixed = "--inference-routes given locally wins"
+		case eg == nil:
+			t.RoutesFixed = "model routes are served only in proxy mode"
+		default:
+			t.Routes = eg.SetRoutes
+		}
+		gw.Serve(cmd.Context(), t)
 	}
 	env := masked.ScrubEnv(workloadEnv(os.Environ(), pl, uncaged != "", slices.Concat(inferenceEnv, masked.Env(), extraEnv)))
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{

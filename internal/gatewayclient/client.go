@@ -32,26 +32,9 @@ type Client struct {
 
 // New builds the clients for t; nothing is dialled until the first call.
 func New(t Target) (*Client, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("gateway CA: %w (check --gateway-ca or $%s)", err, EnvCA)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("gateway CA %s: no PEM certificate in it (the gateway's CA is tls/ca.pem in its data directory)", t.CAFile)
-		}
-		cfg.RootCAs = roots
-	}
-	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
-		TLSClientConfig:     cfg,
-		TLSHandshakeTimeout: 5 * time.Second,
-		ForceAttemptHTTP2:   true,
-		// watch and logs --follow stay open for hours: pings notice a
-		// gateway host that vanished without a reset.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 10 * time.Second},
+	tr, err := Transport(t.CAFile)
+	if err != nil {
+		return nil, err
 	}
 	hc := bearer{token: t.Token, hc: &http.Client{Transport: tr}}
 	o := connect.WithGRPC()
@@ -63,6 +46,32 @@ func New(t Target) (*Client, error) {
 		Secrets:   gatewayv1connect.NewSecretServiceClient(hc, t.URL, o),
 		Routes:    gatewayv1connect.NewRouteServiceClient(hc, t.URL, o),
 		transport: tr,
+	}, nil
+}
+
+// Transport is how anything of corral reaches a gateway: TLS verified with
+// the CA in caFile (the system's roots when empty), HTTP/2 for gRPC and its
+// streams, and pings, since watches, log follows and a supervisor's stream
+// stay open for hours and a gateway host that vanishes sends no reset.
+func Transport(caFile string) (*http.Transport, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("gateway CA: %w (check --gateway-ca or $%s)", err, EnvCA)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("gateway CA %s: no PEM certificate in it (the gateway's CA is tls/ca.pem in its data directory)", caFile)
+		}
+		cfg.RootCAs = roots
+	}
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		TLSClientConfig:     cfg,
+		TLSHandshakeTimeout: 5 * time.Second,
+		ForceAttemptHTTP2:   true,
+		HTTP2:               &http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 10 * time.Second},
 	}, nil
 }
 

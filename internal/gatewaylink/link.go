@@ -9,12 +9,10 @@ package gatewaylink
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -27,6 +25,7 @@ import (
 
 	gatewayv1 "github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
+	"github.com/corral-sandbox/corral/internal/gatewayclient"
 )
 
 // Token prefixes: a sandbox's own credential, and a one-time join token a
@@ -110,6 +109,30 @@ type Policy struct {
 	// Cached is set when the gateway could not be reached and this is
 	// the last policy loaded by an earlier run.
 	Cached bool
+	// Secrets are the values, by gateway secret name, of the secrets the
+	// policy takes from_gateway. They are held in memory only: a cached
+	// start has none.
+	Secrets map[string][]byte
+	// Routes are the gateway's model routes; nil when it has none or the
+	// start is cached.
+	Routes *Routes
+}
+
+// Routes is one version of the gateway's model routes document.
+type Routes struct {
+	Version int64
+	YAML    []byte
+}
+
+// Handlers receive what the gateway pushes. Each may be nil.
+type Handlers struct {
+	// Policy applies a policy version; its error is reported FAILED.
+	Policy func(version int64, yaml []byte) error
+	// Secrets receives the values of the secrets the policy takes
+	// from_gateway, all of them, whenever the gateway sends them.
+	Secrets func(values map[string][]byte)
+	// Routes applies a version of the model routes.
+	Routes func(version int64, yaml []byte) error
 }
 
 // Link is one supervisor's connection to its gateway.
@@ -134,6 +157,8 @@ type Link struct {
 	// the gateway sends again after a reconnect is not tried again.
 	version atomic.Int64
 	seen    atomic.Int64
+	// routes is the newest routes version received.
+	routes atomic.Int64
 
 	logs    *logBuffer
 	reports reports
@@ -198,9 +223,13 @@ func Start(ctx context.Context, cfg Config) (*Link, Policy, error) {
 		l.cancel()
 		return nil, Policy{}, err
 	}
-	l.start = pol
+	// The link keeps the policy only: the values are the caller's to hold.
+	l.start = Policy{Version: pol.Version, YAML: pol.YAML, Cached: pol.Cached}
 	l.version.Store(pol.Version)
 	l.seen.Store(pol.Version)
+	if pol.Routes != nil {
+		l.routes.Store(pol.Routes.Version)
+	}
 	l.pusher.Add(1)
 	go l.push()
 	return l, pol, nil
@@ -265,13 +294,30 @@ func (l *Link) tryConnect(ctx context.Context) (Policy, error) {
 	}
 	l.first = stream
 	var pol Policy
-	if p := stream.Msg().GetPolicy(); p != nil {
+	u := stream.Msg()
+	if p := u.GetPolicy(); p != nil {
 		pol = Policy{Version: p.GetVersion(), YAML: []byte(p.GetYaml())}
 		if l.sandboxID == "" {
 			l.sandboxID = p.GetSandboxId()
 		}
 	}
+	pol.Secrets = secretValues(u)
+	if r := u.GetRoutes(); r != nil {
+		pol.Routes = &Routes{Version: r.GetVersion(), YAML: []byte(r.GetYaml())}
+	}
 	return pol, nil
+}
+
+// secretValues are an update's secrets by name; nil when it has none.
+func secretValues(u *gatewayv1.Update) map[string][]byte {
+	if len(u.GetSecrets()) == 0 {
+		return nil
+	}
+	out := make(map[string][]byte, len(u.GetSecrets()))
+	for _, s := range u.GetSecrets() {
+		out[s.GetName()] = s.GetValue()
+	}
+	return out
 }
 
 func (l *Link) join(ctx context.Context) error {
@@ -338,10 +384,10 @@ func (l *Link) fallback(last error) (Policy, error) {
 	return Policy{Version: cached.Version, YAML: cached.YAML, Cached: true}, nil
 }
 
-// Serve applies the policy updates the gateway pushes through apply and
-// reports each outcome, until ctx ends or Finish. It first reports the
-// start policy loaded: the supervisor calls Serve once it runs.
-func (l *Link) Serve(ctx context.Context, apply func(version int64, yaml []byte) error) {
+// Serve hands what the gateway pushes to h and reports each policy's
+// outcome, until ctx ends or Finish. It first reports the start policy
+// loaded: the supervisor calls Serve once it runs.
+func (l *Link) Serve(ctx context.Context, h Handlers) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -359,7 +405,7 @@ func (l *Link) Serve(ctx context.Context, apply func(version int64, yaml []byte)
 	bo := l.backoff()
 	for ctx.Err() == nil {
 		if stream == nil {
-			s, err := l.client.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{PolicyVersion: l.version.Load()}))
+			s, err := l.client.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{PolicyVersion: l.version.Load(), RoutesVersion: l.routes.Load()}))
 			if err != nil {
 				l.retry(ctx, &bo, err)
 				continue
@@ -369,7 +415,7 @@ func (l *Link) Serve(ctx context.Context, apply func(version int64, yaml []byte)
 		for stream.Receive() {
 			bo = l.backoff()
 			l.poke()
-			l.update(stream.Msg(), apply)
+			l.update(stream.Msg(), h)
 		}
 		err := stream.Err()
 		stream.Close()
@@ -396,14 +442,27 @@ func (l *Link) retry(ctx context.Context, bo *backoff, err error) {
 	}
 }
 
-func (l *Link) update(u *gatewayv1.Update, apply func(int64, []byte) error) {
+func (l *Link) update(u *gatewayv1.Update, h Handlers) {
+	// Values first: a policy arriving with them may be the first to
+	// need them.
+	if vals := secretValues(u); vals != nil && h.Secrets != nil {
+		h.Secrets(vals)
+	}
+	if r := u.GetRoutes(); r != nil && r.GetVersion() > l.routes.Load() {
+		l.routes.Store(r.GetVersion())
+		if h.Routes != nil {
+			if err := h.Routes(r.GetVersion(), []byte(r.GetYaml())); err != nil {
+				l.log.Warn("model routes from the gateway refused; the routes in force stay", "version", r.GetVersion(), "err", err)
+			}
+		}
+	}
 	p := u.GetPolicy()
-	if p == nil || p.GetVersion() <= l.seen.Load() {
+	if p == nil || p.GetVersion() <= l.seen.Load() || h.Policy == nil {
 		return
 	}
 	v := p.GetVersion()
 	l.seen.Store(v)
-	if err := apply(v, []byte(p.GetYaml())); err != nil {
+	if err := h.Policy(v, []byte(p.GetYaml())); err != nil {
 		l.log.Warn("policy from the gateway refused; the running policy stays in force", "version", v, "err", err)
 		l.reports.policy(v, gatewayv1.PolicyStatus_POLICY_STATUS_FAILED, err.Error())
 		l.poke()
@@ -483,21 +542,9 @@ func (b *backoff) next() time.Duration {
 func (b *backoff) first() bool { return b.cur == b.min }
 
 func httpClient(caFile string) (*http.Client, error) {
-	pem, err := os.ReadFile(caFile)
+	t, err := gatewayclient.Transport(caFile)
 	if err != nil {
-		return nil, fmt.Errorf("gateway CA: %w", err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("gateway CA %s: no PEM certificate in it", caFile)
-	}
-	t := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
-		TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout: 5 * time.Second,
-		ForceAttemptHTTP2:   true,
-		// A gateway host that vanishes sends no reset: pings notice.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 10 * time.Second},
+		return nil, err
 	}
 	return &http.Client{Transport: t}, nil
 }

@@ -44,6 +44,11 @@ type fakeGateway struct {
 	phases   []*gatewayv1.ReportPhaseRequest
 	entries  []*gatewayv1.LogEntry
 	dropped  int64
+	// secrets are sent on the first update and again each time
+	// secretsGen grows; routes are version i+1.
+	secrets    map[string]string
+	secretsGen int
+	routes     []string
 }
 
 func newFakeGateway(policies ...string) *fakeGateway {
@@ -118,6 +123,7 @@ func (g *fakeGateway) Subscribe(ctx context.Context, r *connect.Request[gatewayv
 	have := r.Msg.GetPolicyVersion()
 	g.change(func() { g.subs = append(g.subs, have) })
 	first := true
+	haveRoutes, haveSecrets := r.Msg.GetRoutesVersion(), -1
 	for {
 		g.mu.Lock()
 		n, ch := int64(len(g.policies)), g.changed
@@ -125,8 +131,18 @@ func (g *fakeGateway) Subscribe(ctx context.Context, r *connect.Request[gatewayv
 		if n > have {
 			u.Policy = &gatewayv1.PolicyVersion{SandboxId: "sb1", Version: n, Yaml: g.policies[n-1]}
 		}
+		if nr := int64(len(g.routes)); nr > haveRoutes {
+			u.Routes = &gatewayv1.Routes{Version: nr, Yaml: g.routes[nr-1]}
+			haveRoutes = nr
+		}
+		if g.secretsGen > haveSecrets {
+			for name, v := range g.secrets {
+				u.Secrets = append(u.Secrets, &gatewayv1.SecretValue{Name: name, Value: []byte(v)})
+			}
+			haveSecrets = g.secretsGen
+		}
 		g.mu.Unlock()
-		if u.Policy != nil || first {
+		if u.Policy != nil || u.Routes != nil || len(u.Secrets) > 0 || first {
 			if err := s.Send(&u); err != nil {
 				return err
 			}
@@ -298,7 +314,7 @@ func serve(t *testing.T, l *Link, r *reload.Reloader) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.Serve(ctx, func(_ int64, y []byte) error { return r.Set(y, "gateway") })
+		l.Serve(ctx, Handlers{Policy: func(_ int64, y []byte) error { return r.Set(y, "gateway") }})
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -92,7 +92,7 @@ type HTTPRule struct {
 // SecretScope is where one masked secret's real value may go.
 type SecretScope struct {
 	Name    string // the variable the workload sees
-	Source  Secret // from_env / from_file, for loading the value
+	Source  Secret // from_env / from_file / from_gateway, for loading the value
 	Hosts   []hostpattern.Pattern
 	Headers []string // canonical, the default applied
 }

@@ -87,7 +87,7 @@ func TestUnknownFieldsAndTypes(t *testing.T) {
 			// Not a consequence of the typos, so reported with them.
 			`secrets.TOKEN.hosts[0]: secret TOKEN could not be swapped in requests to "api.github.com": no endpoint with protocol: rest terminates TLS for it — add an endpoint for api.github.com with protocol: rest and tls: terminate`}},
 		{"secret field unknown", "version: 1\nsecrets:\n  TOKEN: {value: hunter2, hosts: [api.github.com]}\n", []string{
-			`secrets.TOKEN.value: unknown field (line 3) — remove it; fields allowed here: from_env, from_file, hosts, headers`,
+			`secrets.TOKEN.value: unknown field (line 3) — remove it; fields allowed here: from_env, from_file, from_gateway, hosts, headers`,
 			`secrets.TOKEN.hosts[0]: secret TOKEN could not be swapped in requests to "api.github.com": no endpoint with protocol: rest terminates TLS for it — add an endpoint for api.github.com with protocol: rest and tls: terminate`}},
 		{"secret hosts scalar", "version: 1\nsecrets:\n  TOKEN: {from_env: T, hosts: api.github.com}\n", []string{
 			`secrets.TOKEN.hosts: expected a list, got string "api.github.com" (line 3) — write it as [a, b] or as one "- item" line per entry`}},

@@ -152,10 +152,13 @@ type Endpoint struct {
 // Secret is one masked secret. The real value is read by corral at start
 // and never enters the sandbox.
 type Secret struct {
-	FromEnv  string   `yaml:"from_env,omitempty" json:"from_env,omitempty" jsonschema_description:"Name of the variable in corral's environment holding the real value."`
-	FromFile string   `yaml:"from_file,omitempty" json:"from_file,omitempty" jsonschema_description:"Absolute host path of a file holding the real value (one trailing newline is dropped)."`
-	Hosts    []string `yaml:"hosts" json:"hosts" jsonschema:"required" jsonschema_description:"Host names or patterns whose requests get the real value; each must be reached through a TLS-terminating protocol: rest endpoint."`
-	Headers  []string `yaml:"headers,omitempty" json:"headers,omitempty" jsonschema_description:"Request headers in which the surrogate is replaced. Default: [Authorization]."`
+	FromEnv  string `yaml:"from_env,omitempty" json:"from_env,omitempty" jsonschema_description:"Name of the variable in corral's environment holding the real value."`
+	FromFile string `yaml:"from_file,omitempty" json:"from_file,omitempty" jsonschema_description:"Absolute host path of a file holding the real value (one trailing newline is dropped)."`
+	// FromGateway names a secret held by the gateway (corral run
+	// --gateway), which sends its value to the supervisor only.
+	FromGateway string   `yaml:"from_gateway,omitempty" json:"from_gateway,omitempty" jsonschema_description:"Name of a secret held by the corral gateway (corral run --gateway): the gateway sends its value to the supervisor, never to the workload or to disk."`
+	Hosts       []string `yaml:"hosts" json:"hosts" jsonschema:"required" jsonschema_description:"Host names or patterns whose requests get the real value; each must be reached through a TLS-terminating protocol: rest endpoint."`
+	Headers     []string `yaml:"headers,omitempty" json:"headers,omitempty" jsonschema_description:"Request headers in which the surrogate is replaced. Default: [Authorization]."`
 }
 
 // L7Rule wraps the match in "allow" to stay compatible with OpenShell.

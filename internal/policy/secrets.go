@@ -17,6 +17,27 @@ const DefaultSecretHeader = "Authorization"
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
+// gatewaySecretName is what the gateway accepts as a secret's name, and
+// so what from_gateway may name.
+var gatewaySecretName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidGatewaySecretName reports whether name can name a secret held by
+// the gateway.
+func ValidGatewaySecretName(name string) bool { return gatewaySecretName.MatchString(name) }
+
+// GatewaySecrets returns the gateway secrets the policy's secrets name
+// with from_gateway, sorted, each once.
+func (p *Policy) GatewaySecrets() []string {
+	var out []string
+	for _, s := range p.Secrets {
+		if s.FromGateway != "" && !slices.Contains(out, s.FromGateway) {
+			out = append(out, s.FromGateway)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // reservedEnv are variables corral sets in the workload itself: a secret
 // of the same name would clash with corral's value, and the proxy and CA
 // variables are what route requests through the swap in the first place.
@@ -144,11 +165,20 @@ func checkSecret(r *report, at, key string, s Secret) (SecretScope, bool) {
 	case reservedEnvName(key):
 		r.errorf(at, "choose another variable name", "%s is set by corral itself", key)
 	}
+	var sources []string
+	for _, src := range []struct{ name, value string }{
+		{"from_env", s.FromEnv}, {"from_file", s.FromFile}, {"from_gateway", s.FromGateway},
+	} {
+		if src.value != "" {
+			sources = append(sources, src.name)
+		}
+	}
 	switch {
-	case s.FromEnv == "" && s.FromFile == "":
-		r.errorf(at, "add from_env: NAME (a variable in corral's environment) or from_file: /path/to/file", "needs from_env or from_file")
-	case s.FromEnv != "" && s.FromFile != "":
-		r.errorf(at, "keep one of them", "from_env and from_file are both set")
+	case len(sources) == 0:
+		r.errorf(at, "add from_env: NAME (a variable in corral's environment), from_file: /path/to/file or from_gateway: NAME (a secret held by the gateway)",
+			"secret %s needs from_env, from_file or from_gateway", key)
+	case len(sources) > 1:
+		r.errorf(at, "keep one of them", "secret %s has %s set; a secret takes its value from exactly one source", key, strings.Join(sources, " and "))
 	}
 	if s.FromEnv != "" && !envName.MatchString(s.FromEnv) {
 		r.errorf(at+".from_env", "write the variable name alone, without $ or =, e.g. GITHUB_TOKEN",
@@ -158,6 +188,10 @@ func checkSecret(r *report, at, key string, s Secret) (SecretScope, bool) {
 		if msg, fix := checkPath(s.FromFile); msg != "" {
 			r.errorf(at+".from_file", fix, "%s", msg)
 		}
+	}
+	if s.FromGateway != "" && !ValidGatewaySecretName(s.FromGateway) {
+		r.errorf(at+".from_gateway", "use the name the secret has at the gateway: letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit",
+			"secret %s: %q is not a valid gateway secret name", key, s.FromGateway)
 	}
 	if len(s.Hosts) == 0 {
 		r.errorf(at+".hosts", "list the hosts that should receive the real value, e.g. [api.github.com]", "no hosts, so the secret could never be used")
@@ -183,7 +217,7 @@ func checkSecret(r *report, at, key string, s Secret) (SecretScope, bool) {
 	if len(r.errs) > before {
 		return SecretScope{}, false
 	}
-	scope := SecretScope{Name: key, Source: Secret{FromEnv: s.FromEnv, FromFile: s.FromFile}, Headers: secretHeaders(s.Headers)}
+	scope := SecretScope{Name: key, Source: Secret{FromEnv: s.FromEnv, FromFile: s.FromFile, FromGateway: s.FromGateway}, Headers: secretHeaders(s.Headers)}
 	for _, h := range s.Hosts {
 		pat, err := hostpattern.Compile(h)
 		if err != nil {

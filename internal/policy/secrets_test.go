@@ -38,9 +38,16 @@ func TestSecretRules(t *testing.T) {
 			`secrets.SSL_CERT_FILE: SSL_CERT_FILE is set by corral itself — choose another variable name`,
 			`secrets.no_proxy: no_proxy is set by corral itself — choose another variable name`}},
 		{"no source", secretPolicy("TOKEN: {hosts: [api.example.com]}"), []string{
-			`secrets.TOKEN: needs from_env or from_file — add from_env: NAME (a variable in corral's environment) or from_file: /path/to/file`}},
+			`secrets.TOKEN: secret TOKEN needs from_env, from_file or from_gateway — add from_env: NAME (a variable in corral's environment), from_file: /path/to/file or from_gateway: NAME (a secret held by the gateway)`}},
 		{"both sources", secretPolicy("TOKEN: {from_env: T, from_file: /run/t, hosts: [api.example.com]}"), []string{
-			`secrets.TOKEN: from_env and from_file are both set — keep one of them`}},
+			`secrets.TOKEN: secret TOKEN has from_env and from_file set; a secret takes its value from exactly one source — keep one of them`}},
+		{"gateway and env", secretPolicy("TOKEN: {from_env: T, from_gateway: gh-token, hosts: [api.example.com]}"), []string{
+			`secrets.TOKEN: secret TOKEN has from_env and from_gateway set; a secret takes its value from exactly one source — keep one of them`}},
+		{"all three sources", secretPolicy("TOKEN: {from_env: T, from_file: /run/t, from_gateway: gh, hosts: [api.example.com]}"), []string{
+			`secrets.TOKEN: secret TOKEN has from_env and from_file and from_gateway set; a secret takes its value from exactly one source — keep one of them`}},
+		{"bad from_gateway", secretPolicy("TOKEN: {from_gateway: ../gh, hosts: [api.example.com]}\nOTHER: {from_gateway: '" + strings.Repeat("x", 129) + "', hosts: [api.example.com]}"), []string{
+			`secrets.OTHER.from_gateway: secret OTHER: "` + strings.Repeat("x", 129) + `" is not a valid gateway secret name — use the name the secret has at the gateway: letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit`,
+			`secrets.TOKEN.from_gateway: secret TOKEN: "../gh" is not a valid gateway secret name — use the name the secret has at the gateway: letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit`}},
 		{"bad from_env", secretPolicy("TOKEN: {from_env: $GH_TOKEN, hosts: [api.example.com]}"), []string{
 			`secrets.TOKEN.from_env: "$GH_TOKEN" is not a valid environment variable name — write the variable name alone, without $ or =, e.g. GITHUB_TOKEN`}},
 		{"relative from_file", secretPolicy("TOKEN: {from_file: secrets/token, hosts: [api.example.com]}"), []string{
@@ -109,6 +116,7 @@ func TestSecretsCovered(t *testing.T) {
 		"version: 1\nnetwork_policies:\n  a: {endpoints: [{host: api.example.com, port: 22}]}\n  b: {endpoints: [{host: api.example.com, port: 443, protocol: rest, tls: terminate, access: full}]}\nsecrets:\n  T: {from_env: T, hosts: [api.example.com]}\n",
 		// Mixed-case env names are valid; only corral's own are reserved.
 		secretPolicy("path: {from_env: T, hosts: [api.example.com]}\n_x1: {from_env: _Y, hosts: [api.example.com]}"),
+		secretPolicy("GH: {from_gateway: gh-token.v2, hosts: [api.example.com]}\nGH2: {from_gateway: GH_token, hosts: [api.example.com]}"),
 	} {
 		if got := problems(t, src); got != nil {
 			t.Errorf("%s: unexpected problems:\n%s", src, strings.Join(got, "\n"))
@@ -176,5 +184,15 @@ func TestSecretsHash(t *testing.T) {
 	raw.SHA256()
 	if s := raw.Secrets["T"]; s.Hosts[0] != "API.example.com" || s.Headers[0] != "x-token" {
 		t.Errorf("SHA256 mutated the secrets: %+v", s)
+	}
+}
+
+func TestGatewaySecrets(t *testing.T) {
+	p := mustParse(t, secretPolicy("A: {from_gateway: tok, hosts: [api.example.com]}\nB: {from_env: B, hosts: [api.example.com]}\nC: {from_gateway: tok, hosts: [api.example.com]}\nD: {from_gateway: another, hosts: [api.example.com]}"))
+	if got := p.GatewaySecrets(); !slices.Equal(got, []string{"another", "tok"}) {
+		t.Errorf("GatewaySecrets = %q, want [another tok]", got)
+	}
+	if got := mustParse(t, secretPolicy("B: {from_env: B, hosts: [api.example.com]}")).GatewaySecrets(); got != nil {
+		t.Errorf("GatewaySecrets without from_gateway = %q", got)
 	}
 }

@@ -59,7 +59,7 @@ func secretSources(s map[string]Secret) map[string]Secret {
 	}
 	out := make(map[string]Secret, len(s))
 	for k, v := range s {
-		out[k] = Secret{FromEnv: v.FromEnv, FromFile: v.FromFile}
+		out[k] = Secret{FromEnv: v.FromEnv, FromFile: v.FromFile, FromGateway: v.FromGateway}
 	}
 	return out
 }

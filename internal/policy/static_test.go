@@ -29,6 +29,21 @@ func TestStaticDiffSecrets(t *testing.T) {
 		{"file instead of env may not", net + "secrets: {T: {from_file: /run/t, hosts: [api.example.com]}}\n", []string{"secrets"}},
 		{"adding one may not", net + "secrets: {T: {from_env: T, hosts: [api.example.com]}, U: {from_env: U, hosts: [api.example.com]}}\n", []string{"secrets"}},
 		{"removing all may not", net, []string{"secrets"}},
+		{"gateway instead of env may not", net + "secrets: {T: {from_gateway: t, hosts: [api.example.com]}}\n", []string{"secrets"}},
+	}
+	requireStaticDiff(t, base, cases)
+}
+
+// TestStaticDiffGatewaySecrets: the gateway secret a from_gateway names is
+// fixed like a variable or a file: its surrogate is already in the
+// workload's environment.
+func TestStaticDiffGatewaySecrets(t *testing.T) {
+	const net = "version: 1\nnetwork_policies:\n  p: {endpoints: [{host: api.example.com, port: 443, protocol: rest, tls: terminate, access: full}]}\n"
+	base := net + "secrets: {T: {from_gateway: gh, hosts: [api.example.com]}}\n"
+	cases := []staticCase{
+		{"headers may change", net + "secrets: {T: {from_gateway: gh, hosts: [api.example.com], headers: [X-Token]}}\n", nil},
+		{"the gateway name may not", net + "secrets: {T: {from_gateway: gh2, hosts: [api.example.com]}}\n", []string{"secrets"}},
+		{"env instead of gateway may not", net + "secrets: {T: {from_env: gh, hosts: [api.example.com]}}\n", []string{"secrets"}},
 	}
 	requireStaticDiff(t, base, cases)
 }

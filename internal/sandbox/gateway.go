@@ -3,11 +3,18 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"strings"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/gatewaylink"
+	"github.com/corral-sandbox/corral/internal/inference"
+	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/reload"
 )
@@ -33,6 +40,15 @@ type GatewayOptions struct {
 type Gateway struct {
 	link *gatewaylink.Link
 	aud  *audit.Logger
+	log  *slog.Logger
+	// cached is set when the sandbox starts from the policy an earlier
+	// run cached, the gateway being unreachable.
+	cached bool
+	// values are the secrets' values from the gateway's first update,
+	// until SecretLookup hands them over.
+	values map[string][]byte
+	// routes are the gateway's model routes at start; nil for none.
+	routes *gatewaylink.Routes
 }
 
 // ConnectGateway connects to the gateway before the sandbox is built and
@@ -48,7 +64,7 @@ func ConnectGateway(ctx context.Context, o GatewayOptions, aud *audit.Logger) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	g := &Gateway{link: link, aud: aud}
+	g := &Gateway{link: link, aud: aud, log: o.Log, cached: start.Cached, values: start.Secrets, routes: start.Routes}
 	aud.Observe(link.Observe)
 	if start.Version == 0 {
 		return g, nil, nil
@@ -80,25 +96,144 @@ func gatewayPolicy(yaml []byte, source string) (*policy.Policy, error) {
 	return policy.Parse(yaml, source)
 }
 
+// CheckSecrets fails when p takes secrets from_gateway that this start
+// cannot have: the gateway was unreachable, and values are never cached.
+func (g *Gateway) CheckSecrets(p *policy.Policy) error {
+	if names := p.GatewaySecrets(); len(names) > 0 && g.cached {
+		return fmt.Errorf("the policy takes %s from_gateway, and the gateway is unreachable: secret values are never cached on disk, so this sandbox can start only when the gateway is back",
+			strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// SecretLookup hands over the secrets' values from the gateway, for
+// secrets.LoadFrom, and forgets them: from then on the Set holds them.
+func (g *Gateway) SecretLookup() func(name string) (string, bool) {
+	values := g.values
+	g.values = nil
+	return func(name string) (string, bool) {
+		v, ok := values[name]
+		return string(v), ok
+	}
+}
+
+// HasRoutes reports whether the gateway had model routes at start.
+func (g *Gateway) HasRoutes() bool { return g.routes != nil }
+
+// Routes returns the gateway's model routes at start, nil when it has
+// none. A document that does not parse is reported (warning and audit
+// event) and ignored: the policy's routes apply.
+func (g *Gateway) Routes() *inference.Config {
+	if g.routes == nil {
+		return nil
+	}
+	c, err := gatewayRoutes(g.routes.YAML)
+	if err != nil {
+		g.routesFailed(g.routes.Version, 0, err)
+		return nil
+	}
+	g.log.Info("model routes from the gateway", "version", g.routes.Version, "routes", len(c.Routes))
+	return &c
+}
+
+// routesFailed reports routes that were not put in force. policyVersion
+// is the policy version in force, 0 before the sandbox runs.
+func (g *Gateway) routesFailed(version int64, policyVersion int, err error) {
+	g.log.Warn("model routes from the gateway refused; the routes in force stay", "version", version, "err", err)
+	g.aud.Log(audit.PolicyReloadFailedEvent{Source: fmt.Sprintf("gateway:routes v%d", version), Version: policyVersion + 1, Error: err.Error()})
+}
+
+// gatewayRoutes reads the gateway's routes document as an
+// --inference-routes file is read: strict YAML, validated.
+func gatewayRoutes(data []byte) (inference.Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var c inference.Config
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return inference.Config{}, fmt.Errorf("inference routes: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return inference.Config{}, fmt.Errorf("inference routes: %w", err)
+	}
+	return c, nil
+}
+
 // Logger returns log with its warnings and errors sent to the gateway too.
 func (g *Gateway) Logger(log *slog.Logger) *slog.Logger {
 	return slog.New(g.link.Handler(log.Handler()))
 }
 
-// Serve applies the versions the gateway pushes through r, which keeps
-// the running policy when one is refused, until ctx ends or Finish.
-func (g *Gateway) Serve(ctx context.Context, r *reload.Reloader) {
-	go g.link.Serve(ctx, func(version int64, yaml []byte) error {
-		source := gatewaySource(version)
-		p, err := gatewayPolicy(yaml, source)
-		if err != nil {
-			// The reloader audits what it refuses; a version that does
-			// not even parse never reaches it.
-			g.aud.Log(audit.PolicyReloadFailedEvent{Source: source, Version: r.Current().Version + 1, Error: err.Error()})
-			return err
-		}
-		return r.Apply(p, source)
+// GatewayTargets are what the gateway's updates change in the running
+// sandbox.
+type GatewayTargets struct {
+	// Policy takes the policy versions; it keeps the running policy when
+	// one is refused.
+	Policy *reload.Reloader
+	// Secrets take new values of the secrets from_gateway; nil for none.
+	Secrets *secrets.Set
+	// Routes puts model routes in force; nil when they are not the
+	// gateway's to change (--inference-routes, or no proxy).
+	Routes func(inference.Config) error
+	// RoutesFixed says why Routes is nil, for the warning a routes update
+	// then gets; "" when it is not.
+	RoutesFixed string
+}
+
+// Serve applies what the gateway pushes to t, until ctx ends or Finish.
+func (g *Gateway) Serve(ctx context.Context, t GatewayTargets) {
+	go g.link.Serve(ctx, g.handlers(t))
+}
+
+func (g *Gateway) handlers(t GatewayTargets) gatewaylink.Handlers {
+	r := t.Policy
+	return gatewaylink.Handlers{
+		Policy: func(version int64, yaml []byte) error {
+			source := gatewaySource(version)
+			p, err := gatewayPolicy(yaml, source)
+			if err != nil {
+				// The reloader audits what it refuses; a version that does
+				// not even parse never reaches it.
+				g.aud.Log(audit.PolicyReloadFailedEvent{Source: source, Version: r.Current().Version + 1, Error: err.Error()})
+				return err
+			}
+			return r.Apply(p, source)
+		},
+		Secrets: func(values map[string][]byte) { g.updateSecrets(t.Secrets, values, r) },
+		Routes: func(version int64, yaml []byte) error {
+			if t.Routes == nil {
+				g.log.Warn("model routes from the gateway not applied: "+t.RoutesFixed, "version", version)
+				return nil
+			}
+			c, err := gatewayRoutes(yaml)
+			if err == nil {
+				err = t.Routes(c)
+			}
+			if err != nil {
+				g.routesFailed(version, r.Current().Version, err)
+				return err
+			}
+			g.log.Info("model routes from the gateway in force", "version", version, "routes", len(c.Routes))
+			return nil
+		},
+	}
+}
+
+// updateSecrets puts new values of the secrets from_gateway in force; a
+// value the running sandbox cannot take is reported and the old ones stay.
+// Names only: a value never reaches a log.
+func (g *Gateway) updateSecrets(set *secrets.Set, values map[string][]byte, r *reload.Reloader) {
+	changed, err := set.UpdateGateway(func(name string) (string, bool) {
+		v, ok := values[name]
+		return string(v), ok
 	})
+	if err != nil {
+		g.log.Warn("secret values from the gateway refused; the values in force stay", "err", err)
+		g.aud.Log(audit.PolicyReloadFailedEvent{Source: "gateway:secrets", Version: r.Current().Version + 1, Error: err.Error()})
+		return
+	}
+	if len(changed) > 0 {
+		g.log.Info("new secret values from the gateway in force", "secrets", changed)
+	}
 }
 
 // Finish reports how the run ended (corral's exit code, and why it

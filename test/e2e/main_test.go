@@ -91,6 +91,7 @@ func setupAndRun(m *testing.M) (int, error) {
 		{"build", "-o", corralBin, "./cmd/corral"},
 		{"build", "-tags", "corral_selfinit", "-o", selfInitBin, "./cmd/corral"},
 		{"build", "-o", attackBin, "./test/e2e/attack"},
+		{"build", "-o", filepath.Join(bin, "corral-gateway"), "./cmd/corral-gateway"},
 	}
 	for _, args := range builds {
 		cmd := exec.Command("go", args...)

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,9 +58,9 @@ type Config struct {
 	UpstreamRoots func() *x509.CertPool
 	// Secrets are swapped into inspected requests; nil for none.
 	Secrets *secrets.Set
-	// Inference, from --inference-routes, replaces the policy's model
-	// routes for the whole run (reloads do not change them); nil keeps
-	// the policy's.
+	// Inference, from --inference-routes or the gateway, replaces the
+	// policy's model routes for the whole run (reloads do not change
+	// them); nil keeps the policy's.
 	Inference *inference.Config
 	// Limits are the plan's: Connections and TunnelIdleMS bound the
 	// tunnels.
@@ -79,6 +80,10 @@ type Egress struct {
 	dial *dialer.Dialer
 	// router answers inference.local.
 	router *inference.Router
+	// routesMu guards routesSet, which is true once SetRoutes has put
+	// routes from outside the policy in force: reloads leave them alone.
+	routesMu  sync.Mutex
+	routesSet bool
 	// services are the names the supervisor answers itself (AddService).
 	services map[string]http.Handler
 	// advice names pending policy chunks in refusals (SetAdvice).

@@ -14,14 +14,14 @@ import (
 )
 
 // newRouter creates the inference.local router on the routes in force:
-// --inference-routes, else the policy's. It is served whether or not any
+// --inference-routes or the gateway's, else the policy's. It is served whether or not any
 // route exists, so that a client without one is told how to configure it.
 func (e *Egress) newRouter() error {
 	routes := e.cfg.Policy.Inference
 	if e.cfg.Inference != nil {
 		routes = *e.cfg.Inference
 		if len(routes.Routes) == 0 {
-			e.cfg.Log.Info("inference routing is off: --inference-routes lists no route")
+			e.cfg.Log.Info("inference routing is off: the routes given for the run (--inference-routes or the gateway's) list no route")
 		}
 	}
 	r, err := inference.NewRouter(routes, inference.Options{Dial: e.dialBackend, OnRequest: e.inferenceEvent})
@@ -34,14 +34,29 @@ func (e *Egress) newRouter() error {
 }
 
 // swapRoutes puts c's model routes in force, unless --inference-routes
-// fixed them for the run.
+// or SetRoutes fixed them for the run.
 func (e *Egress) swapRoutes(c *policy.Compiled) error {
-	if e.cfg.Inference != nil {
+	e.routesMu.Lock()
+	defer e.routesMu.Unlock()
+	if e.cfg.Inference != nil || e.routesSet {
 		return nil
 	}
 	if err := e.router.Swap(c.Inference); err != nil {
 		return fmt.Errorf("inference routes: %w", err)
 	}
+	return nil
+}
+
+// SetRoutes puts routes from outside the policy (the gateway's) in force
+// on the running router, for the rest of the run: policy reloads no longer
+// change them. Routes that do not build leave those in force.
+func (e *Egress) SetRoutes(c inference.Config) error {
+	e.routesMu.Lock()
+	defer e.routesMu.Unlock()
+	if err := e.router.Swap(c); err != nil {
+		return fmt.Errorf("inference routes: %w", err)
+	}
+	e.routesSet = true
 	return nil
 }
 

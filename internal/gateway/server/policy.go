@@ -17,9 +17,10 @@ import (
 const policySource = "gateway"
 
 // checkNewPolicy validates a sandbox's first policy as `corral policy
-// check` does (the built-in default when text is empty) and returns what
-// the store keeps.
-func checkNewPolicy(text string) ([]byte, string, error) {
+// check` does (the built-in default when text is empty), checks that the
+// gateway holds the secrets it takes from_gateway, and returns what the
+// store keeps.
+func (s *Server) checkNewPolicy(ctx context.Context, text string) ([]byte, string, error) {
 	p := policy.Default()
 	if strings.TrimSpace(text) != "" {
 		var err error
@@ -27,7 +28,14 @@ func checkNewPolicy(text string) ([]byte, string, error) {
 			return nil, "", policyInvalid(err)
 		}
 	}
-	return storedPolicy(p)
+	yaml, sum, err := storedPolicy(p)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := s.checkGatewaySecrets(ctx, p); err != nil {
+		return nil, "", err
+	}
+	return yaml, sum, nil
 }
 
 // storedPolicy is the whole effective policy as YAML with "extends: none"
@@ -100,9 +108,9 @@ func (h *policyService) Set(ctx context.Context, req *connect.Request[gatewayv1.
 	if sb.Phase == store.PhaseExited || sb.Phase == store.PhaseFailed {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox %s has %s; its policy can no longer change", id, sb.Phase))
 	}
-	prev, err := h.s.store.Policy(ctx, id, 0)
+	prev, err := h.s.runningPolicy(ctx, id)
 	if err != nil {
-		return nil, storeErr("policy of sandbox "+id, err)
+		return nil, err
 	}
 	running, err := policy.ParseOnto(prev.YAML, fmt.Sprintf("%s v%d", policySource, prev.Version), nil)
 	if err != nil {
@@ -121,6 +129,9 @@ func (h *policyService) Set(ctx context.Context, req *connect.Request[gatewayv1.
 	if err != nil {
 		return nil, err
 	}
+	if err := h.s.checkGatewaySecrets(ctx, next); err != nil {
+		return nil, err
+	}
 	pv, err := h.s.store.AddPolicy(ctx, id, data, sum, p.Name)
 	if err != nil {
 		return nil, storeErr("store policy", err)
@@ -130,4 +141,24 @@ func (h *policyService) Set(ctx context.Context, req *connect.Request[gatewayv1.
 	h.s.log.Info("policy set", "sandbox", id, "version", pv.Version, "sha256", sum, "author", p.Name)
 	h.s.publishSandbox(ctx, id)
 	return connect.NewResponse(policyProto(pv)), nil
+}
+
+// runningPolicy is the version a new one is laid over: the newest the
+// supervisor did not refuse. A refused version never ran, so what it
+// changed must not carry into the next (version 1 is the floor: the
+// sandbox cannot have started without it).
+func (s *Server) runningPolicy(ctx context.Context, id string) (store.PolicyVersion, error) {
+	pvs, err := s.store.PolicyHistory(ctx, id)
+	if err != nil {
+		return store.PolicyVersion{}, storeErr("policy history of "+id, err)
+	}
+	if len(pvs) == 0 {
+		return store.PolicyVersion{}, connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s has no policy", id))
+	}
+	for _, pv := range pvs {
+		if pv.Status != store.PolicyFailed {
+			return pv, nil
+		}
+	}
+	return pvs[len(pvs)-1], nil
 }

@@ -35,7 +35,7 @@ func (h *sandboxService) Create(ctx context.Context, req *connect.Request[gatewa
 	if drvName != DriverExternal && len(m.Command) == 0 {
 		return nil, invalid("command: the %s driver needs a command to run in the sandbox", drvName)
 	}
-	yaml, sum, err := checkNewPolicy(m.Policy)
+	yaml, sum, err := h.s.checkNewPolicy(ctx, m.Policy)
 	if err != nil {
 		return nil, err
 	}

@@ -2,16 +2,16 @@ package server
 
 import (
 	"context"
-	"regexp"
+	"errors"
+	"fmt"
+	"strings"
 
 	"connectrpc.com/connect"
 
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
+	"github.com/corral-sandbox/corral/internal/policy"
 )
-
-// secretName is what a policy's from_gateway may name.
-var secretName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // maxSecretBytes bounds one credential; real ones are far smaller.
 const maxSecretBytes = 64 << 10
@@ -26,7 +26,7 @@ func (h *secretService) Set(ctx context.Context, req *connect.Request[gatewayv1.
 		return nil, err
 	}
 	name, value := req.Msg.Name, req.Msg.Value
-	if !secretName.MatchString(name) {
+	if !policy.ValidGatewaySecretName(name) {
 		return nil, invalid("secret name %q: use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit", name)
 	}
 	if len(value) == 0 || len(value) > maxSecretBytes {
@@ -40,6 +40,7 @@ func (h *secretService) Set(ctx context.Context, req *connect.Request[gatewayv1.
 		return nil, storeErr("store secret "+name, err)
 	}
 	h.s.log.Info("secret set", "name", name, "author", p.Name)
+	h.s.changes.Publish(change{secret: name})
 	return connect.NewResponse(&gatewayv1.SetSecretResponse{}), nil
 }
 
@@ -61,4 +62,56 @@ func (h *secretService) Delete(ctx context.Context, req *connect.Request[gateway
 	}
 	h.s.log.Info("secret deleted", "name", req.Msg.Name, "author", p.Name)
 	return connect.NewResponse(&gatewayv1.DeleteSecretResponse{}), nil
+}
+
+// checkGatewaySecrets refuses a policy that takes from_gateway a secret
+// the gateway does not hold: its sandbox could not start.
+func (s *Server) checkGatewaySecrets(ctx context.Context, p *policy.Policy) error {
+	var missing []string
+	for _, name := range p.GatewaySecrets() {
+		if _, err := s.store.GetSecret(ctx, name); errors.Is(err, store.ErrNotFound) {
+			missing = append(missing, name)
+		} else if err != nil {
+			return storeErr("secret "+name, err)
+		}
+	}
+	if len(missing) > 0 {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"the policy takes from_gateway the secret(s) %s, which this gateway does not hold; set each first: corral gateway secret set NAME < value-file",
+			strings.Join(missing, ", ")))
+	}
+	return nil
+}
+
+// gatewaySecretNames are the secrets a stored policy version takes
+// from_gateway.
+func gatewaySecretNames(pv store.PolicyVersion) ([]string, error) {
+	p, err := policy.ParseOnto(pv.YAML, fmt.Sprintf("%s v%d", policySource, pv.Version), nil)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("stored policy v%d: %w", pv.Version, err))
+	}
+	return p.GatewaySecrets(), nil
+}
+
+// secretValues unseals the named secrets for sandbox id's supervisor. One
+// the gateway no longer holds is left out (and logged): the supervisor
+// then says which is missing, rather than every secret being withheld.
+func (s *Server) secretValues(ctx context.Context, id string, names []string) ([]*gatewayv1.SecretValue, error) {
+	var out []*gatewayv1.SecretValue
+	for _, name := range names {
+		sec, err := s.store.GetSecret(ctx, name)
+		if errors.Is(err, store.ErrNotFound) {
+			s.log.Warn("the policy of a sandbox takes a secret the gateway does not hold", "sandbox", id, "secret", name)
+			continue
+		}
+		if err != nil {
+			return nil, storeErr("secret "+name, err)
+		}
+		value, err := s.cfg.Secrets.Open(name, sec.Sealed)
+		if err != nil {
+			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("unseal secret %s: %w", name, err))
+		}
+		out = append(out, &gatewayv1.SecretValue{Name: name, Value: value})
+	}
+	return out, nil
 }

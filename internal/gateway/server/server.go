@@ -97,6 +97,9 @@ type change struct {
 	sandboxID string
 	routes    bool
 	deleted   bool
+	// secret is the name of a secret whose value was set: every
+	// supervisor whose policy takes it from_gateway is sent the values.
+	secret string
 }
 
 type externalDriver struct{}

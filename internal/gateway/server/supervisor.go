@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,7 +26,7 @@ func (h *supervisorService) Join(ctx context.Context, req *connect.Request[gatew
 		return nil, err
 	}
 	m := req.Msg
-	yaml, sum, err := checkNewPolicy(m.Policy)
+	yaml, sum, err := h.s.checkNewPolicy(ctx, m.Policy)
 	if err != nil {
 		return nil, err
 	}
@@ -64,24 +65,29 @@ func (h *supervisorService) Subscribe(ctx context.Context, req *connect.Request[
 		return err
 	}
 	id := p.SandboxID
-	match := func(c change) bool { return c.routes || c.sandboxID == id }
+	match := func(c change) bool { return c.routes || c.secret != "" || c.sandboxID == id }
 	// Subscribe first, then read: a change between the two is then seen
 	// twice, never missed.
 	sub := h.s.changes.Subscribe(streamBuffer, match)
 	defer func() { sub.Close() }()
 	sentPolicy, sentRoutes := req.Msg.PolicyVersion, req.Msg.RoutesVersion
 	first := true
+	// changed is the secret whose value was just set, "" for none;
+	// allSecrets asks for the values whatever changed: at first, and
+	// after a cut-off that may have lost a change.
+	changed, allSecrets := "", true
 	for {
-		u, deleted, err := h.s.update(ctx, id, sentPolicy, sentRoutes)
+		u, deleted, err := h.s.update(ctx, id, sentPolicy, sentRoutes, allSecrets, changed)
 		if err != nil {
 			return err
 		}
+		allSecrets = false
 		if deleted {
 			return connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s was deleted", id))
 		}
 		// The first message goes out even with nothing new, so the
 		// supervisor knows it is in sync.
-		if first || u.Policy != nil || u.Routes != nil {
+		if first || u.Policy != nil || u.Routes != nil || len(u.Secrets) > 0 {
 			if err := stream.Send(u); err != nil {
 				return err
 			}
@@ -101,18 +107,23 @@ func (h *supervisorService) Subscribe(ctx context.Context, req *connect.Request[
 				// Cut off for lagging: the store has the newest state,
 				// so subscribe again and re-read.
 				sub = h.s.changes.Subscribe(streamBuffer, match)
+				allSecrets = true
 				continue
 			}
 			if c.deleted {
 				return connect.NewError(connect.CodeNotFound, fmt.Errorf("sandbox %s was deleted", id))
 			}
+			changed = c.secret
 		}
 	}
 }
 
 // update is what a supervisor that runs policy version pv and routes
-// version rv lacks: the newest of each when newer.
-func (s *Server) update(ctx context.Context, id string, pv, rv int64) (*gatewayv1.Update, bool, error) {
+// version rv lacks: the newest of each when newer, and the values of the
+// secrets its newest policy takes from_gateway, all of them, when asked
+// for (all), with a new policy, and when changed is one of them. It sends
+// no other secret.
+func (s *Server) update(ctx context.Context, id string, pv, rv int64, all bool, changed string) (*gatewayv1.Update, bool, error) {
 	u := &gatewayv1.Update{}
 	newest, err := s.store.Policy(ctx, id, 0)
 	switch {
@@ -122,8 +133,19 @@ func (s *Server) update(ctx context.Context, id string, pv, rv int64) (*gatewayv
 		}
 	case err != nil:
 		return nil, false, storeErr("policy of "+id, err)
-	case newest.Version > pv:
-		u.Policy = policyProto(newest)
+	default:
+		if newest.Version > pv {
+			u.Policy = policyProto(newest)
+		}
+		names, err := gatewaySecretNames(newest)
+		if err != nil {
+			return nil, false, err
+		}
+		if all || u.Policy != nil || slices.Contains(names, changed) {
+			if u.Secrets, err = s.secretValues(ctx, id, names); err != nil {
+				return nil, false, err
+			}
+		}
 	}
 	routes, err := s.store.CurrentRoutes(ctx)
 	switch {

@@ -20,13 +20,13 @@ func (s *Set) Rescope(scopes []policy.SecretScope) (*Set, error) {
 	if len(scopes) != len(s.entries) {
 		return nil, fmt.Errorf("secrets cannot be added to or removed from a running sandbox")
 	}
-	ns := &Set{sources: map[string]*entry{}, byName: map[string]*entry{}, redact: s.redact, scrub: s.scrub}
+	ns := &Set{sources: map[string]*entry{}, byName: map[string]*entry{}, vals: s.vals}
 	for _, sc := range scopes {
 		old, ok := s.byName[sc.Name]
 		if !ok {
 			return nil, fmt.Errorf("secret %s cannot be added to a running sandbox", sc.Name)
 		}
-		e := &entry{name: old.name, real: old.real, surrogate: old.surrogate, headers: sc.Headers, hosts: sc.Hosts}
+		e := &entry{name: old.name, surrogate: old.surrogate, gateway: old.gateway, headers: sc.Headers, hosts: sc.Hosts}
 		ns.entries = append(ns.entries, e)
 		ns.byName[e.name] = e
 		if sc.Source.FromEnv != "" {

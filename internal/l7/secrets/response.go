@@ -23,14 +23,15 @@ func (s *Set) ScrubHeader(h http.Header) {
 	if s == nil || len(s.entries) == 0 {
 		return
 	}
+	v := s.v()
 	renamed := http.Header{}
 	for k, vs := range h {
-		for i, v := range vs {
-			vs[i] = s.scrub.replace(v)
+		for i, val := range vs {
+			vs[i] = v.scrub.replace(val)
 		}
-		if nk := s.scrub.replace(k); nk != k || s.inFolded(k) {
+		if nk := v.scrub.replace(k); nk != k || v.inFolded(k) {
 			delete(h, k)
-			if !s.inFolded(nk) {
+			if !v.inFolded(nk) {
 				renamed[nk] = vs
 			}
 		}
@@ -39,9 +40,9 @@ func (s *Set) ScrubHeader(h http.Header) {
 }
 
 // inFolded reports whether text holds a real value, ignoring case.
-func (s *Set) inFolded(text string) bool {
+func (v *values) inFolded(text string) bool {
 	text = strings.ToLower(text)
-	return slices.ContainsFunc(s.entries, func(e *entry) bool { return strings.Contains(text, strings.ToLower(e.real)) })
+	return slices.ContainsFunc(v.known, func(e *entry) bool { return strings.Contains(text, strings.ToLower(e.real)) })
 }
 
 // Scrub appends data with real values replaced to dst. Unless final, it
@@ -53,7 +54,7 @@ func (s *Set) Scrub(dst, data []byte, final bool) ([]byte, int) {
 	if s == nil || len(s.entries) == 0 {
 		return append(dst, data...), len(data)
 	}
-	return s.scrub.scrub(dst, string(data), final)
+	return s.v().scrub.scrub(dst, string(data), final)
 }
 
 // ScrubBody returns body reading with real values replaced by their

@@ -154,7 +154,7 @@ func TestScrubBasicEcho(t *testing.T) {
 	s, sur := loadValue(t, real)
 	for _, user := range []string{"", "x", "xy"} {
 		echo := "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+real))
-		got := s.scrub.replace(echo)
+		got := s.v().scrub.replace(echo)
 		dec, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(got, "Basic "))
 		if err != nil {
 			t.Fatalf("user %q: the scrubbed credential is not base64: %v", user, err)

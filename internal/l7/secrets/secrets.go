@@ -1,11 +1,11 @@
 // Package secrets implements masked secrets: credentials a workload may use
 // but must never hold.
 //
-// corral reads each secret's real value at start (from its own environment
-// or a host file) and gives the workload a surrogate in its place: a random
-// string of the same length, keeping any well-known token prefix and the
-// per-position character class, so that client libraries which check a
-// token's shape still accept it. The real value never enters the sandbox:
+// corral reads each secret's real value at start (from its own environment,
+// a host file, or the gateway's stream) and gives the workload a surrogate
+// in its place: a random string of the same length, keeping any well-known
+// token prefix and the per-position character class, so that client
+// libraries which check a token's shape still accept it. The real value never enters the sandbox:
 // the variable it came from is removed from the workload's environment and
 // copies of it inside other variables are replaced by the surrogate.
 //
@@ -33,6 +33,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -56,12 +58,16 @@ const (
 // *Set, whose String method applies) through reflection shows addresses
 // rather than real values.
 type Set struct {
-	entries []*entry // sorted by name
+	// entries are the scopes, sorted by name; their real field is unset,
+	// the values being in vals.
+	entries []*entry
 	// sources are the from_env variables, which must not reach the sandbox.
 	sources map[string]*entry
 	byName  map[string]*entry
-	redact  *replacements
-	scrub   *scrubber
+	// vals is shared by this Set and every Set Rescope derives from it,
+	// so that a new value from the gateway reaches whichever policy
+	// version is in force, and a reload cannot undo it.
+	vals *valueCell
 }
 
 // entry is one loaded secret.
@@ -69,47 +75,111 @@ type entry struct {
 	name      string
 	real      string
 	surrogate string
-	hosts     []hostpattern.Pattern
-	headers   []string // canonical
+	// gateway is the from_gateway name, "" for other sources.
+	gateway string
+	hosts   []hostpattern.Pattern
+	headers []string // canonical
+}
+
+// valueCell holds the real values in force; writers are serialised, readers
+// load one consistent values without a lock.
+type valueCell struct {
+	mu  sync.Mutex
+	cur atomic.Pointer[values]
+}
+
+// values are the real values and what is derived from them.
+type values struct {
+	real map[string]string // by secret name
+	// known are every value the secrets have held, current and replaced,
+	// with their surrogates: redaction and scrubbing cover all of them,
+	// since a request swapped just before a new value arrived can still
+	// come back or be logged.
+	known  []*entry
+	redact *replacements
+	scrub  *scrubber
+}
+
+func newValues(real map[string]string, known []*entry) *values {
+	return &values{real: real, known: known, redact: redactions(known), scrub: newScrubber(known)}
+}
+
+// v returns the values in force; nil for a nil or empty Set.
+func (s *Set) v() *values {
+	if s == nil || s.vals == nil {
+		return nil
+	}
+	return s.vals.cur.Load()
+}
+
+// Sources are where Load reads real values.
+type Sources struct {
+	// Getenv reads from_env variables: os.Getenv in production.
+	Getenv func(string) string
+	// Gateway returns the value of a from_gateway secret and whether the
+	// gateway sent one; nil when the sandbox has no gateway.
+	Gateway func(name string) (string, bool)
 }
 
 // Load reads each secret's real value (from_env via getenv — os.Getenv in
 // production — or from_file, with one trailing "\n" or "\r\n" dropped) and
 // generates its surrogate. Errors name the secret but never include a value.
 func Load(scopes []policy.SecretScope, getenv func(string) string) (*Set, error) {
+	return LoadFrom(scopes, Sources{Getenv: getenv})
+}
+
+// LoadFrom is Load with from_gateway secrets read from src.Gateway.
+func LoadFrom(scopes []policy.SecretScope, src Sources) (*Set, error) {
 	s := &Set{
 		sources: map[string]*entry{},
 		byName:  map[string]*entry{},
+		vals:    &valueCell{},
 	}
+	real := map[string]string{}
+	var known []*entry
 	for _, sc := range scopes {
-		e, err := loadEntry(sc, getenv)
+		e, err := loadEntry(sc, src)
 		if err != nil {
 			return nil, fmt.Errorf("secret %s: %w", sc.Name, err)
 		}
-		if e.surrogate, err = newSurrogate(e.real, s.entries); err != nil {
+		if e.surrogate, err = newSurrogate(e.real, known); err != nil {
 			return nil, fmt.Errorf("secret %s: %w", sc.Name, err)
 		}
+		known = append(known, &entry{name: e.name, real: e.real, surrogate: e.surrogate})
+		real[e.name] = e.real
+		e.real = ""
 		s.entries = append(s.entries, e)
 		s.byName[sc.Name] = e
 		if src := sc.Source.FromEnv; src != "" {
 			s.sources[src] = e
 		}
 	}
-	s.redact, s.scrub = redactions(s.entries), newScrubber(s.entries)
+	s.vals.cur.Store(newValues(real, known))
 	return s, nil
 }
 
-func loadEntry(sc policy.SecretScope, getenv func(string) string) (*entry, error) {
-	e := &entry{name: sc.Name, headers: sc.Headers, hosts: sc.Hosts}
+func loadEntry(sc policy.SecretScope, src Sources) (*entry, error) {
+	e := &entry{name: sc.Name, headers: sc.Headers, hosts: sc.Hosts, gateway: sc.Source.FromGateway}
 	spec := sc.Source
+	getenv := src.Getenv
 	// Validation has made sure exactly one source is set.
-	if spec.FromEnv != "" {
+	switch {
+	case spec.FromGateway != "":
+		if src.Gateway == nil {
+			return nil, fmt.Errorf("from_gateway %s: corral run has no --gateway to take it from", spec.FromGateway)
+		}
+		v, ok := src.Gateway(spec.FromGateway)
+		if !ok {
+			return nil, fmt.Errorf("from_gateway %s: the gateway sent no such secret; set it there (SecretService.Set) and start again", spec.FromGateway)
+		}
+		e.real = v
+	case spec.FromEnv != "":
 		// getenv cannot tell unset from empty, and an empty value is
 		// unusable either way.
 		if e.real = getenv(spec.FromEnv); e.real == "" {
 			return nil, fmt.Errorf("from_env %s is not set in corral's environment", spec.FromEnv)
 		}
-	} else {
+	default:
 		var err error
 		if e.real, err = readValueFile(spec.FromFile); err != nil {
 			return nil, err
@@ -201,13 +271,14 @@ func (s *Set) ScrubEnv(env []string) []string {
 	if s == nil || len(s.entries) == 0 {
 		return env
 	}
+	scrub := s.v().scrub
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
 		k, v, hasEq := strings.Cut(kv, "=")
 		if !hasEq {
 			// Not a variable, but still scrubbed: it may reach the
 			// workload all the same.
-			out = append(out, s.scrub.replace(kv))
+			out = append(out, scrub.replace(kv))
 			continue
 		}
 		if e, ok := s.byName[k]; ok {
@@ -217,7 +288,7 @@ func (s *Set) ScrubEnv(env []string) []string {
 		if _, ok := s.sources[k]; ok {
 			continue
 		}
-		out = append(out, k+"="+s.scrub.replace(v))
+		out = append(out, k+"="+scrub.replace(v))
 	}
 	return out
 }
@@ -244,6 +315,7 @@ func (s *Set) Swap(host string, h http.Header) int {
 	if len(scoped) == 0 {
 		return 0
 	}
+	real := s.v().real
 	n := 0
 	// Keys are canonicalised here rather than looked up, because a header
 	// map built by hand may hold non-canonical keys that still go on the
@@ -253,7 +325,7 @@ func (s *Set) Swap(host string, h http.Header) int {
 		var r replacements
 		for _, e := range scoped {
 			if slices.Contains(e.headers, ck) {
-				r.add(e.surrogate, e.real)
+				r.add(e.surrogate, real[e.name])
 			}
 		}
 		if len(r.pairs) == 0 {
@@ -302,7 +374,7 @@ func (s *Set) Redact(text string) string {
 	if s == nil || len(s.entries) == 0 {
 		return text
 	}
-	return s.redact.replace(text)
+	return s.v().redact.replace(text)
 }
 
 // Names returns the secret names, sorted.

@@ -138,8 +138,8 @@ func TestLoadRefusesBadSpecs(t *testing.T) {
 		{"GH_TOKEN", policy.Secret{FromEnv: "SRC", Hosts: []string{"api.github.com"}, Headers: []string{"X Key"}}, "not a valid header name"},
 		{"GH_TOKEN", policy.Secret{FromEnv: "SRC"}, "no hosts"},
 		{"GH_TOKEN", policy.Secret{FromEnv: "SRC", Hosts: []string{"*.com"}}, "top-level domain"},
-		{"GH_TOKEN", policy.Secret{FromEnv: "SRC", FromFile: "/x", Hosts: []string{"api.github.com"}}, "both set"},
-		{"GH_TOKEN", policy.Secret{Hosts: []string{"api.github.com"}}, "needs from_env or from_file"},
+		{"GH_TOKEN", policy.Secret{FromEnv: "SRC", FromFile: "/x", Hosts: []string{"api.github.com"}}, "exactly one source"},
+		{"GH_TOKEN", policy.Secret{Hosts: []string{"api.github.com"}}, "needs from_env, from_file or from_gateway"},
 		{"GH=TOKEN", policy.Secret{FromEnv: "SRC", Hosts: []string{"api.github.com"}}, "environment variable name"},
 	} {
 		_, err := loadSpecs(map[string]policy.Secret{tc.name: tc.spec}, env(map[string]string{"SRC": ghReal}))
