@@ -6,12 +6,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -959,5 +962,97 @@ inference:
 	if sb.PolicyStatus != gatewayv1.PolicyStatus_POLICY_STATUS_LOADED || strings.Contains(v3.Msg.Yaml, "CORRAL_E2E_NO_SUCH_KEY") {
 		t.Errorf("v3, which names only network_policies, is %v (%q) and carries the refused v2's route: %v\n%s",
 			sb.PolicyStatus, v3.Msg.Error, strings.Contains(v3.Msg.Yaml, "CORRAL_E2E_NO_SUCH_KEY"), v3.Msg.Yaml)
+	}
+}
+
+// TestGatewaySecret: a policy secret taken from_gateway reaches the
+// upstream it is scoped to in clear, while the workload, the supervisor's
+// state directory and the gateway's log see only the surrogate or nothing;
+// a value changed at the gateway is swapped in under the same surrogate.
+func TestGatewaySecret(t *testing.T) {
+	requireRoot(t)
+	const addr = "203.0.113.46"
+	lab := netlab.Start(t, netlab.Host{Name: "gwsecret.test", Addr: netip.MustParseAddr(addr)})
+	lab.Serve("gwsecret.test", http.HandlerFunc(echoSite))
+	g := startGatewayProc(t)
+	secrets := gatewayv1connect.NewSecretServiceClient(g.httpClient(g.user), g.url, connect.WithGRPC())
+	real := "ghp_" + randomAlnum(36)
+	if _, err := secrets.Set(callCtx(t), connect.NewRequest(&gatewayv1.SetSecretRequest{Name: "gh-token", Value: []byte(real)})); err != nil {
+		t.Fatal(err)
+	}
+
+	m := getMode(t, &rootMode)
+	fx := newFixture(t, m)
+	labCA := filepath.Join(fx.aux, "lab-ca.pem")
+	if err := os.WriteFile(labCA, lab.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(fx.aux, "join-token")
+	if err := os.WriteFile(tokenFile, []byte(g.token("--join")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	policy := basePolicy(`network_policies:
+  echo:
+    endpoints:
+      - {host: gwsecret.test, port: 443, protocol: rest, access: full}
+secrets:
+  GH_TOKEN:
+    from_gateway: gh-token
+    hosts: [gwsecret.test]
+`)
+	p := startCorral(t, fx, runOpts{
+		args: []string{"/bin/sh", "-c", `echo "TOKEN=$GH_TOKEN"
+curl -s -H "Authorization: Bearer $GH_TOKEN" https://gwsecret.test/basic; echo
+while [ ! -e next ]; do sleep 0.1; done
+curl -s -H "Authorization: Bearer $GH_TOKEN" https://gwsecret.test/basic; echo
+echo DONE`},
+		policy: policy,
+		flags: []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", labCA,
+			"--gateway", g.url, "--gateway-ca", g.caFile(), "--gateway-token-file", tokenFile},
+	})
+	waitOut(t, p, "you sent", 20*time.Second)
+	rotated := "ghp_" + randomAlnum(36)
+	if _, err := secrets.Set(callCtx(t), connect.NewRequest(&gatewayv1.SetSecretRequest{Name: "gh-token", Value: []byte(rotated)})); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.stderr.String(), "new secret values from the gateway") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	fx.signal(t, "next")
+	r := p.wait()
+	if r.code != 0 || !strings.Contains(r.stdout, "DONE") {
+		t.Fatalf("the workload did not complete\n%s", r)
+	}
+	sur := regexp.MustCompile(`TOKEN=(ghp_[A-Za-z0-9]{36})\n`).FindStringSubmatch(r.stdout)
+	if sur == nil || sur[1] == real || sur[1] == rotated {
+		t.Fatalf("the workload's GH_TOKEN is not a surrogate\n%s", r)
+	}
+	var sent []string
+	for _, req := range lab.HTTPRequests() {
+		sent = append(sent, req.Header.Get("Authorization"))
+	}
+	if !slices.Equal(sent, []string{"Bearer " + real, "Bearer " + rotated}) {
+		t.Errorf("the upstream got %q, want the real value, then the rotated one", sent)
+	}
+	for _, v := range []string{real, rotated} {
+		if forms := leakedIn(r.stdout+r.stderr, v); len(forms) > 0 {
+			t.Errorf("a real value reached the workload or corral's output as %q", forms)
+		}
+		if forms := leakedIn(g.logs(), v); len(forms) > 0 {
+			t.Errorf("a real value is in the gateway's log as %q", forms)
+		}
+		_ = filepath.WalkDir(fx.state, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return nil
+			}
+			if data, err := os.ReadFile(path); err == nil && len(leakedIn(string(data), v)) > 0 {
+				t.Errorf("a real value was written to %s", path)
+			}
+			return nil
+		})
+	}
+	if strings.Count(r.stdout, "you sent Bearer "+sur[1]) != 2 {
+		t.Errorf("the echoes do not carry the surrogate twice\n%s", r.stdout)
 	}
 }
