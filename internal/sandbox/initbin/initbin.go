@@ -11,6 +11,7 @@ package initbin
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -50,16 +51,19 @@ func Path(stateDir string) (string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("init program: %w", err)
 	}
-	prog, err := embedded.ReadFile("bin/" + name)
+	prog, err := embedded.Open("bin/" + name)
 	if err != nil {
 		return "", fmt.Errorf("read the embedded init: %w", err)
 	}
+	defer prog.Close()
 	tmp, err := os.CreateTemp(dir, ".corral-init-*")
 	if err != nil {
 		return "", fmt.Errorf("write the init program: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(prog)
+	// Copied in small pieces, not read whole: the supervisor lives on for
+	// the whole run and would keep a program-sized heap.
+	_, err = io.Copy(tmp, prog)
 	if err == nil {
 		err = tmp.Chmod(0o500)
 	}
