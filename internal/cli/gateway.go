@@ -241,6 +241,26 @@ func (g *gatewayFlags) dial() (*gatewayclient.Client, error) {
 
 // gwErr explains a failed gateway call; the gateway refusing the input
 // itself exits 2, like corral policy check, anything else 1.
+// unary makes one call to the gateway, bounded by callTimeout, and turns a
+// refusal into the message and exit code a user acts on (sandboxID names
+// the sandbox it may be about). An *exitError from call passes unchanged.
+func unary[T any](cmd *cobra.Command, gf *gatewayFlags, sandboxID string, call func(context.Context, *gatewayclient.Client) (T, error)) (T, error) {
+	var zero T
+	c, err := gf.dial()
+	if err != nil {
+		return zero, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+	defer cancel()
+	out, err := call(ctx, c)
+	var ee *exitError
+	if err != nil && !errors.As(err, &ee) {
+		err = gwErr(c, err, sandboxID)
+	}
+	return out, err
+}
+
 func gwErr(c *gatewayclient.Client, err error, sandboxID string) error {
 	code := 1
 	if gatewayclient.Invalid(err) {

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
+	"github.com/corral-sandbox/corral/internal/gatewayclient"
 )
 
 // maxSecretBytes bounds a credential read from stdin or a file: anything
@@ -64,15 +65,10 @@ dropped.` + "\n" + gatewayHelp,
 			case len(value) == 0:
 				return &exitError{code: 2, err: fmt.Errorf("no value in %s: pipe it in, or pass --from-file FILE", from)}
 			}
-			c, err := gf.dial()
-			if err != nil {
+			if _, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.SetSecretResponse], error) {
+				return c.Secrets.Set(ctx, connect.NewRequest(&gatewayv1.SetSecretRequest{Name: args[0], Value: value}))
+			}); err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			if _, err := c.Secrets.Set(ctx, connect.NewRequest(&gatewayv1.SetSecretRequest{Name: args[0], Value: value})); err != nil {
-				return gwErr(c, err, "")
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "stored %s (%d bytes)\n", args[0], len(value))
 			return nil
@@ -91,16 +87,11 @@ func newGatewaySecretListCmd() *cobra.Command {
 		Long:  "List the names of the credentials kept at the gateway; values are never read back." + "\n" + gatewayHelp,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := gf.dial()
+			resp, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.ListSecretsResponse], error) {
+				return c.Secrets.List(ctx, connect.NewRequest(&gatewayv1.ListSecretsRequest{}))
+			})
 			if err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Secrets.List(ctx, connect.NewRequest(&gatewayv1.ListSecretsRequest{}))
-			if err != nil {
-				return gwErr(c, err, "")
 			}
 			for _, n := range resp.Msg.GetNames() {
 				fmt.Fprintln(cmd.OutOrStdout(), n)
@@ -120,15 +111,10 @@ func newGatewaySecretDeleteCmd() *cobra.Command {
 		Long:  "Remove NAME from the gateway. Running supervisors keep the value they hold; new ones whose policy names it cannot start." + "\n" + gatewayHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := gf.dial()
-			if err != nil {
+			if _, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.DeleteSecretResponse], error) {
+				return c.Secrets.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSecretRequest{Name: args[0]}))
+			}); err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			if _, err := c.Secrets.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSecretRequest{Name: args[0]})); err != nil {
-				return gwErr(c, err, "")
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s\n", args[0])
 			return nil
@@ -156,16 +142,11 @@ supervisor of the gateway, and are pushed to them when they change.` + "\n" + ga
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			c, err := gf.dial()
+			resp, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.Routes], error) {
+				return c.Routes.Set(ctx, connect.NewRequest(&gatewayv1.SetRoutesRequest{Yaml: string(data)}))
+			})
 			if err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Routes.Set(ctx, connect.NewRequest(&gatewayv1.SetRoutesRequest{Yaml: string(data)}))
-			if err != nil {
-				return gwErr(c, err, "")
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "model routes version %d\n", resp.Msg.GetVersion())
 			return nil
@@ -178,19 +159,15 @@ supervisor of the gateway, and are pushed to them when they change.` + "\n" + ga
 		Short: "Print the gateway's model routes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := gg.dial()
+			resp, err := unary(cmd, &gg, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.Routes], error) {
+				resp, err := c.Routes.Get(ctx, connect.NewRequest(&gatewayv1.GetRoutesRequest{}))
+				if connect.CodeOf(err) == connect.CodeNotFound {
+					err = &exitError{code: 1, err: errors.New("the gateway keeps no model routes: corral gateway routes set FILE")}
+				}
+				return resp, err
+			})
 			if err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Routes.Get(ctx, connect.NewRequest(&gatewayv1.GetRoutesRequest{}))
-			if connect.CodeOf(err) == connect.CodeNotFound {
-				return &exitError{code: 1, err: errors.New("the gateway keeps no model routes: corral gateway routes set FILE")}
-			}
-			if err != nil {
-				return gwErr(c, err, "")
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "# version %d by %s\n%s", resp.Msg.GetVersion(), resp.Msg.GetAuthor(), resp.Msg.GetYaml())
 			return nil

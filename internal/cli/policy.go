@@ -257,19 +257,18 @@ func newPolicyGetCmd() *cobra.Command {
 whole effective policy, ready for corral policy set.` + "\n" + gatewayHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := gatewayForPolicy(&gf, id)
-			if err != nil {
+			if err := needSandbox(id); err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Policies.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id, Version: version}))
-			if err != nil {
+			resp, err := unary(cmd, &gf, id, func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.PolicyVersion], error) {
+				resp, err := c.Policies.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id, Version: version}))
 				if version != 0 && connect.CodeOf(err) == connect.CodeNotFound {
-					return &exitError{code: 1, err: fmt.Errorf("sandbox %s has no policy version %d at the gateway (see corral policy history --sandbox %s)", id, version, id)}
+					err = &exitError{code: 1, err: fmt.Errorf("sandbox %s has no policy version %d at the gateway (see corral policy history --sandbox %s)", id, version, id)}
 				}
-				return gwErr(c, err, id)
+				return resp, err
+			})
+			if err != nil {
+				return err
 			}
 			_, err = io.WriteString(cmd.OutOrStdout(), resp.Msg.Yaml)
 			return err
@@ -291,16 +290,14 @@ func newPolicyHistoryCmd() *cobra.Command {
 SHA-256 and what the supervisor reported (PENDING, LOADED, FAILED and why).` + "\n" + gatewayHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := gatewayForPolicy(&gf, id)
-			if err != nil {
+			if err := needSandbox(id); err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Policies.History(ctx, connect.NewRequest(&gatewayv1.PolicyHistoryRequest{SandboxId: id}))
+			resp, err := unary(cmd, &gf, id, func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.PolicyHistoryResponse], error) {
+				return c.Policies.History(ctx, connect.NewRequest(&gatewayv1.PolicyHistoryRequest{SandboxId: id}))
+			})
 			if err != nil {
-				return gwErr(c, err, id)
+				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "VERSION\tCREATED\tAUTHOR\tSHA256\tSTATUS\tERROR")
@@ -328,16 +325,14 @@ LOADED, or FAILED with the error (the sandbox then keeps enforcing the
 version it had).` + "\n" + gatewayHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := gatewayForPolicy(&gf, id)
-			if err != nil {
+			if err := needSandbox(id); err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Policies.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id}))
+			resp, err := unary(cmd, &gf, id, func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.PolicyVersion], error) {
+				return c.Policies.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: id}))
+			})
 			if err != nil {
-				return gwErr(c, err, id)
+				return err
 			}
 			pv := resp.Msg
 			out := cmd.OutOrStdout()
@@ -354,13 +349,13 @@ version it had).` + "\n" + gatewayHelp,
 	return cmd
 }
 
-// gatewayForPolicy checks --sandbox and dials the gateway for the policy
-// commands that exist only there.
-func gatewayForPolicy(gf *gatewayFlags, id string) (*gatewayclient.Client, error) {
+// needSandbox checks --sandbox for the policy commands that exist only at
+// a gateway.
+func needSandbox(id string) error {
 	if id == "" {
-		return nil, &exitError{code: 2, err: errors.New("--sandbox ID is required (see corral sandbox list)")}
+		return &exitError{code: 2, err: errors.New("--sandbox ID is required (see corral sandbox list)")}
 	}
-	return gf.dial()
+	return nil
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -207,16 +207,11 @@ func newSandboxGetCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
-			c, err := gf.dial()
+			resp, err := unary(cmd, &gf, id, func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.Sandbox], error) {
+				return c.Sandboxes.Get(ctx, connect.NewRequest(&gatewayv1.GetSandboxRequest{Id: id}))
+			})
 			if err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			resp, err := c.Sandboxes.Get(ctx, connect.NewRequest(&gatewayv1.GetSandboxRequest{Id: id}))
-			if err != nil {
-				return gwErr(c, err, id)
 			}
 			sb := resp.Msg
 			if asJSON {
@@ -250,15 +245,10 @@ func newSandboxDeleteCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
-			c, err := gf.dial()
-			if err != nil {
+			if _, err := unary(cmd, &gf, id, func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.DeleteSandboxResponse], error) {
+				return c.Sandboxes.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: id}))
+			}); err != nil {
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
-			defer cancel()
-			if _, err := c.Sandboxes.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: id})); err != nil {
-				return gwErr(c, err, id)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s\n", id)
 			return nil
