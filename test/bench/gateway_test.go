@@ -2,20 +2,14 @@ package bench
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,23 +18,16 @@ import (
 
 	gatewayv1 "github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
+	"github.com/corral-sandbox/corral/internal/testutil/gatewayproc"
 )
 
 // benchGateway is a corral-gateway process with the local driver.
 type benchGateway struct {
-	b        *testing.B
-	data     string
-	url      string
-	cmd      *exec.Cmd
-	done     chan struct{}
-	user     string
-	sandbox  gatewayv1connect.SandboxServiceClient
-	policy   gatewayv1connect.PolicyServiceClient
-	logs     gatewayv1connect.LogServiceClient
-	hc       *http.Client
-	tr       *http.Transport
-	bin      string
-	extraLog string
+	*gatewayproc.Proc
+	b       *testing.B
+	sandbox gatewayv1connect.SandboxServiceClient
+	policy  gatewayv1connect.PolicyServiceClient
+	logs    gatewayv1connect.LogServiceClient
 }
 
 // startBenchGateway builds corral (unless CORRAL_BIN names one) and
@@ -59,101 +46,18 @@ func startBenchGateway(b *testing.B, extra ...string) *benchGateway {
 	}
 	bin := filepath.Join(dir, "corral-gateway")
 	gobuild(b, bin, "github.com/corral-sandbox/corral/cmd/corral-gateway")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
+	p := gatewayproc.Start(b, gatewayproc.Options{Gateway: bin, Corral: corral, Dir: dir, LogLevel: "warn", Args: extra})
+	hc, o := p.HTTPClient(p.User), connect.WithGRPC()
+	return &benchGateway{Proc: p, b: b,
+		sandbox: gatewayv1connect.NewSandboxServiceClient(hc, p.URL, o),
+		policy:  gatewayv1connect.NewPolicyServiceClient(hc, p.URL, o),
+		logs:    gatewayv1connect.NewLogServiceClient(hc, p.URL, o),
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	g := &benchGateway{b: b, data: filepath.Join(dir, "data"), url: "https://" + addr, bin: bin, done: make(chan struct{})}
-	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer logf.Close()
-	g.extraLog = logf.Name()
-	args := append([]string{"--listen", addr, "--data", g.data, "--corral", corral, "--log-level", "warn"}, extra...)
-	g.cmd = exec.Command(bin, args...)
-	g.cmd.Stdout, g.cmd.Stderr = logf, logf
-	if err := g.cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	go func() {
-		_ = g.cmd.Wait()
-		close(g.done)
-	}()
-	b.Cleanup(g.stop)
-	deadline := time.Now().Add(30 * time.Second)
-	for !g.ready() {
-		select {
-		case <-g.done:
-			log, _ := os.ReadFile(g.extraLog)
-			b.Fatalf("corral-gateway exited:\n%s", log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("corral-gateway not ready after 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	g.user = g.token("--name", "bench")
-	g.hc, g.tr = g.client(g.user)
-	o := connect.WithGRPC()
-	g.sandbox = gatewayv1connect.NewSandboxServiceClient(g.hc, g.url, o)
-	g.policy = gatewayv1connect.NewPolicyServiceClient(g.hc, g.url, o)
-	g.logs = gatewayv1connect.NewLogServiceClient(g.hc, g.url, o)
-	return g
-}
-
-func (g *benchGateway) client(token string) (*http.Client, *http.Transport) {
-	pem, _ := os.ReadFile(filepath.Join(g.data, "tls", "ca.pem"))
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
-	var rt http.RoundTripper = tr
-	if token != "" {
-		rt = tokenRT{token, tr}
-	}
-	return &http.Client{Transport: rt}, tr
-}
-
-type tokenRT struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (t tokenRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+t.token)
-	return t.next.RoundTrip(r)
-}
-
-func (g *benchGateway) ready() bool {
-	if _, err := os.Stat(filepath.Join(g.data, "tls", "ca.pem")); err != nil {
-		return false
-	}
-	hc, tr := g.client("")
-	defer tr.CloseIdleConnections()
-	resp, err := hc.Get(g.url + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func (g *benchGateway) token(args ...string) string {
-	g.b.Helper()
-	out, err := exec.Command(g.bin, append([]string{"token", "create", "--data", g.data}, args...)...).Output()
-	if err != nil {
-		g.b.Fatalf("corral-gateway token create %v: %v", args, err)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // rssKiB is the gateway's resident memory.
 func (g *benchGateway) rssKiB() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.PID()))
 	if err != nil {
 		return 0
 	}
@@ -164,49 +68,6 @@ func (g *benchGateway) rssKiB() int64 {
 		}
 	}
 	return 0
-}
-
-// deleteAll deletes the gateway's sandboxes, a few at a time.
-func (g *benchGateway) deleteAll() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	resp, err := g.sandbox.List(ctx, connect.NewRequest(&gatewayv1.ListSandboxesRequest{}))
-	if err != nil {
-		g.b.Errorf("list sandboxes: %v", err)
-		return
-	}
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	for _, sb := range resp.Msg.Sandboxes {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if _, err := g.sandbox.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: sb.Id})); err != nil {
-				g.b.Errorf("delete %s: %v", sb.Id, err)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-func (g *benchGateway) stop() {
-	select {
-	case <-g.done:
-		return
-	default:
-	}
-	g.deleteAll()
-	if g.tr != nil {
-		g.tr.CloseIdleConnections()
-	}
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-	case <-time.After(15 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-g.done
-	}
 }
 
 // watchAll follows every sandbox's state; each event goes to f.
@@ -443,9 +304,7 @@ func BenchmarkGatewayLogIngest(b *testing.B) {
 			b.Fatal(err)
 		}
 		ids[i] = resp.Msg.Id
-		hc, tr := g.client(g.token("--sandbox", ids[i]))
-		defer tr.CloseIdleConnections()
-		clients[i] = gatewayv1connect.NewSupervisorServiceClient(hc, g.url, connect.WithGRPC())
+		clients[i] = gatewayv1connect.NewSupervisorServiceClient(g.HTTPClient(g.Token("--sandbox", ids[i])), g.URL, connect.WithGRPC())
 	}
 	start := time.Now()
 	stopAt := start.Add(dur)

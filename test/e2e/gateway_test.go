@@ -2,12 +2,9 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -15,9 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +22,7 @@ import (
 
 	gatewayv1 "github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
+	"github.com/corral-sandbox/corral/internal/testutil/gatewayproc"
 	"github.com/corral-sandbox/corral/internal/testutil/netlab"
 )
 
@@ -34,267 +30,19 @@ import (
 func gatewayBin() string { return filepath.Join(filepath.Dir(corralBin), "corral-gateway") }
 
 // gatewayProc is a real corral-gateway process with the local driver
-// starting corralBin. A restart keeps the data directory and the address.
+// starting corralBin.
 type gatewayProc struct {
-	t    *testing.T
-	data string
-	addr string
-	url  string
-	user string // a user token's secret
-	runs int
-
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
-
-	mu         sync.Mutex
-	transports []*http.Transport
+	*gatewayproc.Proc
+	t *testing.T
 }
 
 // startGatewayProc starts a gateway on a fresh data directory and a free
-// loopback port, and creates a user token. Its cleanup deletes every
-// sandbox through the API, stops the gateway and fails the test if any
-// supervisor it started is still running.
+// loopback port, with a user token; its cleanup deletes every sandbox,
+// stops the gateway and fails the test if any supervisor still runs.
 func startGatewayProc(t *testing.T) *gatewayProc {
 	t.Helper()
 	requireRoot(t)
-	data, err := os.MkdirTemp(baseDir, "gw-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	g := &gatewayProc{t: t, data: data, addr: addr, url: "https://" + addr}
-	t.Cleanup(func() {
-		g.stop()
-		g.killLeftovers()
-		os.RemoveAll(data)
-	})
-	g.start()
-	out, err := exec.Command(gatewayBin(), "token", "create", "--name", "e2e", "--data", data).Output()
-	if err != nil {
-		t.Fatalf("corral-gateway token create: %v", err)
-	}
-	g.user = strings.TrimSpace(string(out))
-	// Registered after the stop above, so it runs first, with the
-	// gateway up.
-	t.Cleanup(g.deleteAll)
-	return g
-}
-
-// start runs the gateway and waits until /readyz answers.
-func (g *gatewayProc) start() {
-	g.t.Helper()
-	g.runs++
-	g.log = filepath.Join(g.data, fmt.Sprintf("gateway-%d.log", g.runs))
-	logf, err := os.Create(g.log)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(gatewayBin(), "--listen", g.addr, "--data", g.data, "--corral", corralBin, "--log-level", "debug")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root"}
-	if err := cmd.Start(); err != nil {
-		g.t.Fatalf("start corral-gateway: %v", err)
-	}
-	g.cmd, g.done = cmd, make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(g.done)
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-g.done:
-			g.t.Fatalf("corral-gateway exited at start:\n%s", g.logs())
-		default:
-		}
-		if g.ready() {
-			return
-		}
-		if time.Now().After(deadline) {
-			g.t.Fatalf("corral-gateway not ready after 30s:\n%s", g.logs())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (g *gatewayProc) ready() bool {
-	if _, err := os.Stat(g.caFile()); err != nil {
-		return false
-	}
-	hc := g.httpClient("")
-	resp, err := hc.Get(g.url + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func (g *gatewayProc) caFile() string { return filepath.Join(g.data, "tls", "ca.pem") }
-
-func (g *gatewayProc) logs() string {
-	b, _ := os.ReadFile(g.log)
-	return string(b)
-}
-
-// kill ends the gateway with SIGKILL: no graceful stop, no last words.
-func (g *gatewayProc) kill() {
-	g.t.Helper()
-	g.closeIdle()
-	_ = g.cmd.Process.Signal(syscall.SIGKILL)
-	<-g.done
-}
-
-// stop ends the gateway with SIGTERM, then SIGKILL.
-func (g *gatewayProc) stop() {
-	if g.cmd == nil {
-		return
-	}
-	select {
-	case <-g.done:
-		return
-	default:
-	}
-	g.closeIdle()
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-	case <-time.After(15 * time.Second):
-		g.t.Errorf("corral-gateway ignored SIGTERM for 15s")
-		_ = g.cmd.Process.Signal(syscall.SIGKILL)
-		<-g.done
-	}
-}
-
-func (g *gatewayProc) closeIdle() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, tr := range g.transports {
-		tr.CloseIdleConnections()
-	}
-}
-
-// deleteAll deletes every sandbox the gateway has; the local driver stops
-// their supervisors.
-func (g *gatewayProc) deleteAll() {
-	select {
-	case <-g.done:
-		return
-	default:
-	}
-	c := g.clients(g.user)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	resp, err := c.sandbox.List(ctx, connect.NewRequest(&gatewayv1.ListSandboxesRequest{}))
-	if err != nil {
-		g.t.Errorf("cleanup: list sandboxes: %v", err)
-		return
-	}
-	for _, sb := range resp.Msg.Sandboxes {
-		if _, err := c.sandbox.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: sb.Id})); err != nil {
-			g.t.Errorf("cleanup: delete sandbox %s: %v", sb.Id, err)
-		}
-	}
-}
-
-// supervisors returns the pids of the supervisors the local driver
-// started for this gateway: their token file lies in its data directory.
-func (g *gatewayProc) supervisors(sandboxID string) []int {
-	needle := filepath.Join(g.data, "sandboxes", sandboxID)
-	if sandboxID == "" {
-		needle = filepath.Join(g.data, "sandboxes") + "/"
-	}
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(b), needle) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// killLeftovers fails the test for any supervisor still running once the
-// gateway deleted its sandboxes, and kills it with its process group.
-func (g *gatewayProc) killLeftovers() {
-	for _, pid := range g.supervisors("") {
-		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); strings.Contains(string(st), ") Z ") {
-			continue
-		}
-		g.t.Errorf("supervisor %d still runs after its sandbox was deleted and the gateway stopped", pid)
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
-
-// token makes a token with corral-gateway's admin command on the same
-// data directory, as an operator would.
-func (g *gatewayProc) token(args ...string) string {
-	g.t.Helper()
-	args = append([]string{"token", "create", "--data", g.data}, args...)
-	out, err := exec.Command(gatewayBin(), args...).Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			g.t.Fatalf("corral-gateway %s: %v\n%s", strings.Join(args, " "), err, ee.Stderr)
-		}
-		g.t.Fatalf("corral-gateway %s: %v", strings.Join(args, " "), err)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// sandboxToken is the credential the local driver gave sandbox id.
-func (g *gatewayProc) sandboxToken(id string) string {
-	g.t.Helper()
-	b, err := os.ReadFile(filepath.Join(g.data, "sandboxes", id, "token"))
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	return strings.TrimSpace(string(b))
-}
-
-// supervisorLog is what the supervisor of id (and its workload) wrote.
-func (g *gatewayProc) supervisorLog(id string) string {
-	b, _ := os.ReadFile(filepath.Join(g.data, "sandboxes", id, "supervisor.log"))
-	return string(b)
-}
-
-func (g *gatewayProc) httpClient(token string) *http.Client {
-	pem, _ := os.ReadFile(g.caFile())
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
-	g.mu.Lock()
-	g.transports = append(g.transports, tr)
-	g.mu.Unlock()
-	var rt http.RoundTripper = tr
-	if token != "" {
-		rt = bearerRT{token, tr}
-	}
-	return &http.Client{Transport: rt, Timeout: 0}
-}
-
-type bearerRT struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(r)
+	return &gatewayProc{Proc: gatewayproc.Start(t, gatewayproc.Options{Gateway: gatewayBin(), Corral: corralBin, Dir: baseDir}), t: t}
 }
 
 type gwClients struct {
@@ -306,13 +54,13 @@ type gwClients struct {
 
 // clients are typed gRPC clients sending token ("" sends none).
 func (g *gatewayProc) clients(token string) gwClients {
-	hc := g.httpClient(token)
+	hc := g.HTTPClient(token)
 	o := connect.WithGRPC()
 	return gwClients{
-		sandbox:    gatewayv1connect.NewSandboxServiceClient(hc, g.url, o),
-		policy:     gatewayv1connect.NewPolicyServiceClient(hc, g.url, o),
-		logs:       gatewayv1connect.NewLogServiceClient(hc, g.url, o),
-		supervisor: gatewayv1connect.NewSupervisorServiceClient(hc, g.url, o),
+		sandbox:    gatewayv1connect.NewSandboxServiceClient(hc, g.URL, o),
+		policy:     gatewayv1connect.NewPolicyServiceClient(hc, g.URL, o),
+		logs:       gatewayv1connect.NewLogServiceClient(hc, g.URL, o),
+		supervisor: gatewayv1connect.NewSupervisorServiceClient(hc, g.URL, o),
 	}
 }
 
@@ -327,7 +75,7 @@ func (g *gatewayProc) create(t *testing.T, c gwClients, req *gatewayv1.CreateSan
 	t.Helper()
 	sb, err := c.sandbox.Create(callCtx(t), connect.NewRequest(req))
 	if err != nil {
-		t.Fatalf("create sandbox: %v\ngateway log:\n%s", err, g.logs())
+		t.Fatalf("create sandbox: %v\ngateway log:\n%s", err, g.Logs())
 	}
 	if sb.Msg.Phase != gatewayv1.Phase_PHASE_PROVISIONING {
 		t.Errorf("a new sandbox is %v, want provisioning", sb.Msg.Phase)
@@ -355,7 +103,7 @@ func (g *gatewayProc) waitSandbox(t *testing.T, c gwClients, id, what string, wi
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("sandbox %s: no %s within %v; last %v (%v)\nsupervisor log:\n%s\ngateway log:\n%s",
-		id, what, within, last, lastErr, g.supervisorLog(id), g.logs())
+		id, what, within, last, lastErr, g.SupervisorLog(id), g.Logs())
 	return nil
 }
 
@@ -393,7 +141,7 @@ func codeOfErr(err error) connect.Code {
 func TestGatewaySandboxLifecycle(t *testing.T) {
 	t.Parallel()
 	g := startGatewayProc(t)
-	c := g.clients(g.user)
+	c := g.clients(g.User)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -424,17 +172,17 @@ func TestGatewaySandboxLifecycle(t *testing.T) {
 		}
 	}
 	if final == nil {
-		t.Fatalf("watch ended (%v) before the sandbox ended; phases %v\nsupervisor log:\n%s\ngateway log:\n%s", watch.Err(), phases, g.supervisorLog(id), g.logs())
+		t.Fatalf("watch ended (%v) before the sandbox ended; phases %v\nsupervisor log:\n%s\ngateway log:\n%s", watch.Err(), phases, g.SupervisorLog(id), g.Logs())
 	}
 	want := []gatewayv1.Phase{gatewayv1.Phase_PHASE_PROVISIONING, gatewayv1.Phase_PHASE_READY, gatewayv1.Phase_PHASE_EXITED}
 	if fmt.Sprint(phases) != fmt.Sprint(want) {
-		t.Errorf("watched phases %v, want %v\nsupervisor log:\n%s", phases, want, g.supervisorLog(id))
+		t.Errorf("watched phases %v, want %v\nsupervisor log:\n%s", phases, want, g.SupervisorLog(id))
 	}
 	if final.ExitCode == nil || *final.ExitCode != 7 {
-		t.Errorf("exited with %v, want the workload's 7 (reason %q)\nsupervisor log:\n%s", final.ExitCode, final.Reason, g.supervisorLog(id))
+		t.Errorf("exited with %v, want the workload's 7 (reason %q)\nsupervisor log:\n%s", final.ExitCode, final.Reason, g.SupervisorLog(id))
 	}
-	if !strings.Contains(g.supervisorLog(id), "workload-ran") {
-		t.Errorf("the workload's output is not in the supervisor log:\n%s", g.supervisorLog(id))
+	if !strings.Contains(g.SupervisorLog(id), "workload-ran") {
+		t.Errorf("the workload's output is not in the supervisor log:\n%s", g.SupervisorLog(id))
 	}
 	got := g.waitSandbox(t, c, id, "exited", 5*time.Second, phaseIs(gatewayv1.Phase_PHASE_EXITED))
 	if got.ExitCode == nil || *got.ExitCode != 7 || got.PolicyVersion != 1 || got.PolicyStatus != gatewayv1.PolicyStatus_POLICY_STATUS_LOADED {
@@ -478,7 +226,7 @@ func TestGatewaySandboxLifecycle(t *testing.T) {
 	if _, err := c.sandbox.Get(ctx, connect.NewRequest(&gatewayv1.GetSandboxRequest{Id: id})); codeOfErr(err) != connect.CodeNotFound {
 		t.Errorf("Get after Delete: %v, want NotFound", err)
 	}
-	if _, err := os.Stat(filepath.Join(g.data, "sandboxes", id)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(g.Data, "sandboxes", id)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the sandbox's directory outlives it: %v", err)
 	}
 }
@@ -493,7 +241,7 @@ func TestGatewayAuth(t *testing.T) {
 	t.Parallel()
 	t.Cleanup(func() { noWorkloadLeft(t, []string{"sleep", "3011"}) })
 	g := startGatewayProc(t)
-	c := g.clients(g.user)
+	c := g.clients(g.User)
 	cmd := []string{"/bin/sh", "-c", "exec sleep 3011"}
 	a := g.create(t, c, &gatewayv1.CreateSandboxRequest{Name: "a", Command: cmd})
 	b := g.create(t, c, &gatewayv1.CreateSandboxRequest{Name: "b", Command: cmd})
@@ -519,7 +267,7 @@ func TestGatewayAuth(t *testing.T) {
 		}
 	}
 
-	sa := g.clients(g.sandboxToken(a))
+	sa := g.clients(g.SandboxToken(a))
 	if _, err := sa.policy.Get(ctx, connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: b})); codeOfErr(err) != connect.CodePermissionDenied {
 		t.Errorf("sandbox a reads b's policy: %v, want PermissionDenied", err)
 	}
@@ -565,12 +313,12 @@ func TestGatewayAuth(t *testing.T) {
 	}
 
 	// A user token deleted with the admin command is refused from then on.
-	tok := g.token("--name", "temp")
+	tok := g.Token("--name", "temp")
 	tc := g.clients(tok)
 	if err := list(tc); err != nil {
 		t.Fatalf("new user token refused: %v", err)
 	}
-	out, err := exec.Command(gatewayBin(), "token", "list", "--data", g.data).Output()
+	out, err := exec.Command(gatewayBin(), "token", "list", "--data", g.Data).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +328,7 @@ func TestGatewayAuth(t *testing.T) {
 			tokID = f[0]
 		}
 	}
-	if err := exec.Command(gatewayBin(), "token", "delete", tokID, "--data", g.data).Run(); err != nil {
+	if err := exec.Command(gatewayBin(), "token", "delete", tokID, "--data", g.Data).Run(); err != nil {
 		t.Fatalf("token delete %q: %v", tokID, err)
 	}
 	if err := list(tc); codeOfErr(err) != connect.CodeUnauthenticated {
@@ -669,10 +417,10 @@ func TestGatewayPolicy(t *testing.T) {
 		netlab.Host{Name: "one.test", Addr: netip.MustParseAddr(one)},
 		netlab.Host{Name: "two.test", Addr: netip.MustParseAddr(two)})
 	g := startGatewayProc(t)
-	c := g.clients(g.user)
+	c := g.clients(g.User)
 
 	id := g.create(t, c, &gatewayv1.CreateSandboxRequest{Name: "web", Command: curlLoop(one, two), Policy: webPolicy(one)})
-	out := func() string { return g.supervisorLog(id) }
+	out := func() string { return g.SupervisorLog(id) }
 	g.waitSandbox(t, c, id, "ready, v1 loaded", 30*time.Second, func(sb *gatewayv1.Sandbox) bool {
 		return sb.Phase == gatewayv1.Phase_PHASE_READY && policyIs(1, gatewayv1.PolicyStatus_POLICY_STATUS_LOADED)(sb)
 	})
@@ -736,7 +484,7 @@ inference:
 	waitAnswers(t, "v4", out, mark, 10*time.Second, []string{two}, []string{one})
 
 	// The gateway dies. The sandbox keeps enforcing v4.
-	g.kill()
+	g.Kill()
 	outageStart := time.Now()
 	mark = len(out())
 	waitAnswers(t, "v4, gateway down", out, mark, 10*time.Second, []string{two}, []string{one})
@@ -746,7 +494,7 @@ inference:
 	waitAnswers(t, "v4, gateway down a while", out, mark, 10*time.Second, []string{two}, []string{one})
 	outageEnd := time.Now()
 
-	g.start()
+	g.Restart()
 	pv = g.setPolicy(t, c, id, webPolicy(one))
 	if pv.Version != 5 {
 		t.Fatalf("set after restart returned version %d, want 5", pv.Version)
@@ -799,10 +547,10 @@ inference:
 	t.Run("join_rootless", func(t *testing.T) {
 		m := getMode(t, &rootlessMode)
 		fx := newFixture(t, m)
-		join := g.token("--join")
+		join := g.Token("--join")
 		tokenFile := filepath.Join(fx.aux, "join-token")
 		ca := filepath.Join(fx.aux, "gateway-ca.pem")
-		copyFile(t, g.caFile(), ca, 0o644)
+		copyFile(t, g.CAFile(), ca, 0o644)
 		if err := os.WriteFile(tokenFile, []byte(join+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -817,7 +565,7 @@ inference:
 done`},
 			policy: webPolicy("one.test"),
 			flags: []string{"--upstream-dns", lab.DNS.String(), "--name", "joined", "--label", "run=" + label,
-				"--gateway", g.url, "--gateway-ca", ca, "--gateway-token-file", tokenFile},
+				"--gateway", g.URL, "--gateway-ca", ca, "--gateway-token-file", tokenFile},
 		})
 		waitOut(t, p, "one 200", 20*time.Second)
 		list, err := c.sandbox.List(callCtx(t), connect.NewRequest(&gatewayv1.ListSandboxesRequest{Selector: map[string]string{"run": label}}))
@@ -866,15 +614,15 @@ func TestGatewayReadopt(t *testing.T) {
 	// Registered first, so it runs after the gateway's cleanup.
 	t.Cleanup(func() { noWorkloadLeft(t, workload) })
 	g := startGatewayProc(t)
-	c := g.clients(g.user)
+	c := g.clients(g.User)
 	live := g.create(t, c, &gatewayv1.CreateSandboxRequest{Name: "live", Command: workload})
 	dead := g.create(t, c, &gatewayv1.CreateSandboxRequest{Name: "dead", Command: workload})
 	for _, id := range []string{live, dead} {
 		g.waitSandbox(t, c, id, "ready", 30*time.Second, phaseIs(gatewayv1.Phase_PHASE_READY))
 	}
 
-	g.kill()
-	pids := g.supervisors(dead)
+	g.Kill()
+	pids := g.Supervisors(dead)
 	if len(pids) != 1 {
 		t.Fatalf("supervisor of %s: pids %v", dead, pids)
 	}
@@ -882,10 +630,10 @@ func TestGatewayReadopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(g.supervisors(dead)) > 0 && time.Now().Before(deadline) {
+	for len(g.Supervisors(dead)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	g.start()
+	g.Restart()
 
 	sb := g.waitSandbox(t, c, dead, "failed", 10*time.Second, phaseIs(gatewayv1.Phase_PHASE_FAILED))
 	if !strings.Contains(sb.Reason, "no longer running") {
@@ -895,7 +643,7 @@ func TestGatewayReadopt(t *testing.T) {
 	if err != nil || got.Msg.Phase != gatewayv1.Phase_PHASE_READY {
 		t.Fatalf("re-adopted sandbox: %v, %v; want ready", got, err)
 	}
-	if n := len(g.supervisors(live)); n != 1 {
+	if n := len(g.Supervisors(live)); n != 1 {
 		t.Errorf("re-adopted sandbox has %d supervisors, want the one it had", n)
 	}
 	// Its supervisor reconnected: a policy set now is loaded.
@@ -930,7 +678,7 @@ func TestGatewaySetAfterFailedVersion(t *testing.T) {
 	workload := []string{"sleep", "3037"}
 	t.Cleanup(func() { noWorkloadLeft(t, workload) })
 	g := startGatewayProc(t)
-	c := g.clients(g.user)
+	c := g.clients(g.User)
 	id := g.create(t, c, &gatewayv1.CreateSandboxRequest{Name: "refused", Command: workload})
 	g.waitSandbox(t, c, id, "ready", 30*time.Second, phaseIs(gatewayv1.Phase_PHASE_READY))
 	g.setPolicy(t, c, id, `version: 1
@@ -975,7 +723,7 @@ func TestGatewaySecret(t *testing.T) {
 	lab := netlab.Start(t, netlab.Host{Name: "gwsecret.test", Addr: netip.MustParseAddr(addr)})
 	lab.Serve("gwsecret.test", http.HandlerFunc(echoSite))
 	g := startGatewayProc(t)
-	secrets := gatewayv1connect.NewSecretServiceClient(g.httpClient(g.user), g.url, connect.WithGRPC())
+	secrets := gatewayv1connect.NewSecretServiceClient(g.HTTPClient(g.User), g.URL, connect.WithGRPC())
 	real := "ghp_" + randomAlnum(36)
 	if _, err := secrets.Set(callCtx(t), connect.NewRequest(&gatewayv1.SetSecretRequest{Name: "gh-token", Value: []byte(real)})); err != nil {
 		t.Fatal(err)
@@ -988,7 +736,7 @@ func TestGatewaySecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokenFile := filepath.Join(fx.aux, "join-token")
-	if err := os.WriteFile(tokenFile, []byte(g.token("--join")+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(g.Token("--join")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	policy := basePolicy(`network_policies:
@@ -1008,7 +756,7 @@ curl -s -H "Authorization: Bearer $GH_TOKEN" https://gwsecret.test/basic; echo
 echo DONE`},
 		policy: policy,
 		flags: []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", labCA,
-			"--gateway", g.url, "--gateway-ca", g.caFile(), "--gateway-token-file", tokenFile},
+			"--gateway", g.URL, "--gateway-ca", g.CAFile(), "--gateway-token-file", tokenFile},
 	})
 	waitOut(t, p, "you sent", 20*time.Second)
 	rotated := "ghp_" + randomAlnum(36)
@@ -1039,7 +787,7 @@ echo DONE`},
 		if forms := leakedIn(r.stdout+r.stderr, v); len(forms) > 0 {
 			t.Errorf("a real value reached the workload or corral's output as %q", forms)
 		}
-		if forms := leakedIn(g.logs(), v); len(forms) > 0 {
+		if forms := leakedIn(g.Logs(), v); len(forms) > 0 {
 			t.Errorf("a real value is in the gateway's log as %q", forms)
 		}
 		_ = filepath.WalkDir(fx.state, func(path string, d fs.DirEntry, err error) error {
