@@ -88,6 +88,7 @@ type serveOpts struct {
 	logRetention int
 	logLevel     string
 	corral       string
+	workdirs     []string
 }
 
 func (o *serveOpts) flags(cmd *cobra.Command) {
@@ -97,6 +98,7 @@ func (o *serveOpts) flags(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&o.logRetention, "log-retention", server.DefaultLogRetention, "log entries kept per sandbox")
 	cmd.Flags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&o.corral, "corral", "", "corral binary the local driver starts supervisors with (default: next to corral-gateway, then PATH)")
+	cmd.Flags().StringArrayVar(&o.workdirs, "allow-workdir", nil, "host directory the local driver's sandboxes may name as their working directory, or one below it (repeatable; default none: each sandbox gets a directory of its own)")
 }
 
 func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
@@ -107,6 +109,11 @@ func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
 	if o.logRetention <= 0 {
 		return fmt.Errorf("--log-retention must be positive")
 	}
+	for _, w := range o.workdirs {
+		if fi, err := os.Stat(w); err != nil || !fi.IsDir() || !filepath.IsAbs(w) {
+			return fmt.Errorf("--allow-workdir %q: want an absolute path of an existing directory", w)
+		}
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	return server.Run(ctx, server.RunConfig{
 		Listen:       o.listen,
@@ -115,7 +122,7 @@ func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
 		SANs:         o.sans,
 		URL:          o.url,
 		LogRetention: o.logRetention,
-		Drivers:      drivers(o.corral, sf.dataDir, log),
+		Drivers:      drivers(o.corral, sf.dataDir, o.workdirs, log),
 		Logger:       log,
 	})
 }

@@ -38,3 +38,9 @@ type Driver interface {
 	// error.
 	Delete(ctx context.Context, sb store.Sandbox) error
 }
+
+// Checker is a driver that refuses, before anything is recorded, a sandbox
+// it will not run as asked (a working directory outside what it may use).
+type Checker interface {
+	Check(sb store.Sandbox) error
+}

@@ -35,6 +35,11 @@ func (h *sandboxService) Create(ctx context.Context, req *connect.Request[gatewa
 	if drvName != DriverExternal && len(m.Command) == 0 {
 		return nil, invalid("command: the %s driver needs a command to run in the sandbox", drvName)
 	}
+	if c, ok := drv.(driver.Checker); ok {
+		if err := c.Check(store.Sandbox{Name: m.Name, Command: m.Command, Workdir: m.Workdir, Env: m.Env}); err != nil {
+			return nil, invalid("%v", err)
+		}
+	}
 	yaml, sum, err := h.s.checkNewPolicy(ctx, m.Policy)
 	if err != nil {
 		return nil, err

@@ -46,6 +46,12 @@ type Driver struct {
 	// Grace is how long Delete waits for a supervisor to end after
 	// SIGTERM before it kills it.
 	Grace time.Duration
+	// Workdirs are the host directories a sandbox may name as its working
+	// directory, or be under: its supervisor runs as root and mounts it
+	// read-write, so anything else would hand every gateway user the
+	// host's files. None by default: a sandbox naming no workdir gets one
+	// of its own.
+	Workdirs []string
 
 	mu sync.Mutex
 	// exited holds how each supervisor this driver started and reaped
@@ -53,7 +59,42 @@ type Driver struct {
 	exited map[string]syscall.WaitStatus
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver  = (*Driver)(nil)
+	_ driver.Checker = (*Driver)(nil)
+)
+
+// Check refuses a working directory outside d.Workdirs, symbolic links
+// resolved, so a link cannot lead out of an allowed directory.
+func (d *Driver) Check(sb store.Sandbox) error {
+	_, err := d.workdir(sb.Workdir)
+	return err
+}
+
+// workdir resolves a sandbox's requested working directory, "" keeping
+// the driver's own default.
+func (d *Driver) workdir(want string) (string, error) {
+	if want == "" {
+		return "", nil
+	}
+	if !filepath.IsAbs(want) {
+		return "", fmt.Errorf("workdir %q: not an absolute path", want)
+	}
+	resolved, err := filepath.EvalSymlinks(want)
+	if err != nil {
+		return "", fmt.Errorf("workdir %s: %w", want, err)
+	}
+	for _, root := range d.Workdirs {
+		r, err := filepath.EvalSymlinks(root)
+		if err != nil {
+			continue
+		}
+		if resolved == r || strings.HasPrefix(resolved, strings.TrimSuffix(r, "/")+"/") {
+			return resolved, nil
+		}
+	}
+	return "", fmt.Errorf("workdir %s is outside the directories this gateway lets sandboxes use (corral gateway --allow-workdir DIR); leave it out and the sandbox gets a directory of its own", want)
+}
 
 // New returns a driver starting corralBin with its files under dataDir.
 func New(corralBin, dataDir string) *Driver {
@@ -97,7 +138,12 @@ func (d *Driver) Create(_ context.Context, sb store.Sandbox, link driver.Link) (
 	if err := os.WriteFile(token, []byte(link.Token+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("local driver: write token: %w", err)
 	}
-	work := sb.Workdir
+	// Checked again here, and the resolved path is what runs: Check ran
+	// before the sandbox was recorded.
+	work, err := d.workdir(sb.Workdir)
+	if err != nil {
+		return "", fmt.Errorf("local driver: %w", err)
+	}
 	if work == "" {
 		work = filepath.Join(dir, WorkDir)
 		if err := os.MkdirAll(work, 0o755); err != nil {

@@ -264,3 +264,44 @@ func TestSupervisorSurvivesGatewayRestart(t *testing.T) {
 		t.Error("running after Delete by the restarted gateway's driver")
 	}
 }
+
+// A sandbox's working directory must lie in a directory the gateway lets
+// sandboxes use, symbolic links resolved: the supervisor runs as root and
+// mounts it read-write.
+func TestWorkdirConfined(t *testing.T) {
+	root := t.TempDir()
+	allowed := filepath.Join(root, "projects")
+	inside := filepath.Join(allowed, "a")
+	outside := filepath.Join(root, "secret")
+	for _, d := range []string{inside, outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	escape := filepath.Join(allowed, "escape")
+	if err := os.Symlink(outside, escape); err != nil {
+		t.Fatal(err)
+	}
+	d := New("/nonexistent/corral", t.TempDir())
+	check := func(workdir string) error { return d.Check(store.Sandbox{ID: "x", Workdir: workdir}) }
+	if err := check(""); err != nil {
+		t.Errorf("no workdir (the driver's own): %v", err)
+	}
+	if err := check(inside); err == nil {
+		t.Error("with no --allow-workdir, a host directory was accepted")
+	}
+	d.Workdirs = []string{allowed}
+	for _, ok := range []string{allowed, inside} {
+		if err := check(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{outside, escape, "/", "/root", "relative/dir", allowed + "x"} {
+		if err := check(bad); err == nil {
+			t.Errorf("%s was accepted", bad)
+		}
+	}
+	if _, err := d.Create(context.Background(), store.Sandbox{ID: "x", Command: []string{"true"}, Workdir: escape}, driver.Link{}); err == nil || !strings.Contains(err.Error(), "outside") {
+		t.Errorf("Create with a workdir leading outside: %v", err)
+	}
+}
