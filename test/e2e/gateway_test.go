@@ -459,7 +459,7 @@ filesystem_policy:
 	// key comes from a variable the supervisor lacks passes Set and fails
 	// to load. v2 stays in force.
 	mark = len(out())
-	pv = g.setPolicy(t, c, id, `version: 1
+	g.setPolicy(t, c, id, `version: 1
 inference:
   routes:
     - name: r

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -230,13 +229,4 @@ func (f *fakeDriver) link(id string) driver.Link {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.links[id]
-}
-
-func mustRead(t *testing.T, path string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
