@@ -146,7 +146,7 @@ func checkBase(cmd *cobra.Command, start startRecord, spec string, base []byte, 
 // of the only one running, else "default".
 func exportTarget(ctx context.Context, state, id, session string) (string, string, error) {
 	if session != "" {
-		if !sessionName.MatchString(session) {
+		if !validSession(session) {
 			return "", "", fmt.Errorf("--session %q: use 1-64 letters, digits, '.', '_' or '-'", session)
 		}
 		return id, session, nil

@@ -155,7 +155,11 @@ the command cannot be executed; 127 if it was not found.`,
 	return cmd
 }
 
-var sessionName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+// sessionName checks --session, up to 64 bytes (validSession): a bounded
+// repetition would compile into a copy per count at every start.
+var sessionName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+func validSession(s string) bool { return len(s) <= 64 && sessionName.MatchString(s) }
 
 func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	setupFailed := func(err error) error { return &exitError{code: sandbox.ExitSetupFailed, err: err} }
@@ -168,7 +172,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if err != nil {
 		return setupFailed(err)
 	}
-	if !sessionName.MatchString(f.session) {
+	if !validSession(f.session) {
 		return setupFailed(fmt.Errorf("--session %q: use 1-64 letters, digits, '.', '_' or '-'", f.session))
 	}
 	extraEnv, err := parseEnvFlags(f.env, f.passEnv)

@@ -92,3 +92,16 @@ func TestParseTrustedCIDRs(t *testing.T) {
 		}
 	}
 }
+
+// Session names: a letter or digit, then letters, digits, dots, dashes and
+// underscores, 64 bytes at most.
+func TestValidSession(t *testing.T) {
+	for name, want := range map[string]bool{
+		"default": true, "ci.build-7_x": true, strings.Repeat("s", 64): true,
+		strings.Repeat("s", 65): false, "": false, "-x": false, "a/b": false,
+	} {
+		if got := validSession(name); got != want {
+			t.Errorf("validSession(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

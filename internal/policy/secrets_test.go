@@ -196,3 +196,16 @@ func TestGatewaySecrets(t *testing.T) {
 		t.Errorf("GatewaySecrets without from_gateway = %q", got)
 	}
 }
+
+// Gateway secret names: a letter or digit, then letters, digits, dots,
+// dashes and underscores, 128 bytes at most.
+func TestValidGatewaySecretName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"gh-token": true, "A.b_c-1": true, strings.Repeat("a", 128): true,
+		strings.Repeat("a", 129): false, "": false, ".hidden": false, "-x": false, "a/b": false, "a b": false,
+	} {
+		if got := ValidGatewaySecretName(name); got != want {
+			t.Errorf("ValidGatewaySecretName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

@@ -101,11 +101,12 @@ func New(corralBin, dataDir string) *Driver {
 	return &Driver{bin: corralBin, data: dataDir, Grace: DefaultGrace, exited: map[string]syscall.WaitStatus{}}
 }
 
-// sandboxID is what may name a directory under DATA/sandboxes.
-var sandboxID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+// sandboxID is what may name a directory under DATA/sandboxes (up to 128
+// bytes, checked apart from the pattern).
+var sandboxID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
 
 func (d *Driver) dir(id string) (string, error) {
-	if !sandboxID.MatchString(id) {
+	if len(id) > 128 || !sandboxID.MatchString(id) {
 		return "", fmt.Errorf("sandbox id %q: not a name for a directory", id)
 	}
 	return filepath.Join(d.data, "sandboxes", id), nil
