@@ -22,6 +22,9 @@ import (
 
 	gatewayv1 "github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
+	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/sandbox"
+	"github.com/corral-sandbox/corral/internal/statedir"
 	"github.com/corral-sandbox/corral/internal/testutil/gatewayproc"
 	"github.com/corral-sandbox/corral/internal/testutil/netlab"
 )
@@ -629,6 +632,15 @@ func TestGatewayReadopt(t *testing.T) {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// A supervisor killed outright leaves its run directory and cgroups
+	// for the next corral run on its state directory (the local driver's
+	// supervisors use the default one) to sweep; the test does not leave
+	// them for whoever runs next.
+	t.Cleanup(func() {
+		if _, err := sandbox.Sweep(statedir.Default(), cgroup.Detect()); err != nil {
+			t.Errorf("sweep what the killed supervisor left: %v", err)
+		}
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for len(g.Supervisors(dead)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
