@@ -60,7 +60,11 @@ func buildRoot(p *plan.Plan, dir string) error {
 		case plan.KindTmpfs:
 			err = mountAt(root, m.Target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions(m))
 		case plan.KindProc:
-			err = mountAt(root, m.Target, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+			// hidepid: a process the workload may not ptrace (its init)
+			// has no /proc entry for it, whose directory would otherwise
+			// serve as a pidfd for pidfd_send_signal, which seccomp
+			// cannot tell from any other.
+			err = mountAt(root, m.Target, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible")
 		case plan.KindDev:
 			err = buildDev(root, m.Target, m.SizeBytes)
 		default:

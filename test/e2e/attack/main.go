@@ -463,13 +463,13 @@ func cmdSignalInitAll([]string) int {
 			}
 		}
 	} else {
-		// Unlisted, the init's threads still have the lowest numbers.
-		for tid := 2; tid < 64; tid++ {
+		// Hidden, the init's threads are still among the lowest numbers
+		// or were made since; try every tid up to ours and some beyond.
+		for tid := 2; tid < os.Getpid()+64; tid++ {
 			tids = append(tids, tid)
 		}
 	}
 	var info [128]byte
-	self := os.Getpid()
 	var res []string
 	try := func(what string, nr uintptr, a ...uintptr) bool {
 		a = append(a, 0, 0, 0)
@@ -481,14 +481,17 @@ func cmdSignalInitAll([]string) int {
 		return false
 	}
 	for _, tid := range tids {
-		if tid == self {
+		// Our own threads are not the init's; a signal to one of them
+		// proves nothing.
+		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err == nil {
 			continue
 		}
 		if try(fmt.Sprintf("tgkill(1,%d)", tid), unix.SYS_TGKILL, 1, uintptr(tid), uintptr(unix.SIGTERM)) {
 			return escaped("tgkill(1, %d, SIGTERM) delivered", tid)
 		}
-		// A tid of another process fails with ESRCH, which is fine.
-		if try(fmt.Sprintf("tkill(%d)", tid), unix.SYS_TKILL, uintptr(tid), uintptr(unix.SIGTERM)) && tidOfInit(tid) {
+		// A tid nobody has fails with ESRCH, which is fine; besides our
+		// own, every thread in this sandbox is the init's.
+		if try(fmt.Sprintf("tkill(%d)", tid), unix.SYS_TKILL, uintptr(tid), uintptr(unix.SIGTERM)) {
 			return escaped("tkill(%d, SIGTERM) reached the init", tid)
 		}
 	}
@@ -498,14 +501,19 @@ func cmdSignalInitAll([]string) int {
 	if try("pidfd_open(1)", unix.SYS_PIDFD_OPEN, 1, 0) {
 		return escaped("pidfd_open(1) succeeded")
 	}
+	// A /proc/PID directory is a pidfd too, for pidfd_send_signal.
+	if fd, err := unix.Open("/proc/1", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		res = append(res, fmt.Sprintf("open(/proc/1): %s", errno(err)))
+	} else {
+		ok := try("pidfd_send_signal(/proc/1)", unix.SYS_PIDFD_SEND_SIGNAL, uintptr(fd), uintptr(unix.SIGTERM))
+		unix.Close(fd)
+		if ok {
+			return escaped("pidfd_send_signal on /proc/1 delivered SIGTERM")
+		}
+	}
 	return blocked("%s", strings.Join(res, ", "))
 }
 
-// tidOfInit reports whether tid is a thread of pid 1.
-func tidOfInit(tid int) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/1/task/%d", tid))
-	return err == nil || tid == 1
-}
 
 // cmdKillAll signals every process it may. Inside a pid namespace there is
 // nothing but the namespace's init (which kill(-1) skips), so success means a
