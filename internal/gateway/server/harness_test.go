@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -193,6 +194,16 @@ type fakeDriver struct {
 	links   map[string]driver.Link
 	deleted []string
 	running map[string]bool
+	// refuseWorkdir is a working directory Check refuses, as the local
+	// driver does one outside --allow-workdir.
+	refuseWorkdir string
+}
+
+func (f *fakeDriver) Check(sb store.Sandbox) error {
+	if sb.Workdir != "" && sb.Workdir == f.refuseWorkdir {
+		return fmt.Errorf("workdir %s is outside the directories this gateway lets sandboxes use", sb.Workdir)
+	}
+	return nil
 }
 
 func newFakeDriver() *fakeDriver {

@@ -40,21 +40,8 @@ func (h *sandboxService) Create(ctx context.Context, req *connect.Request[gatewa
 			return nil, invalid("%v", err)
 		}
 	}
-	yaml, sum, err := h.s.checkNewPolicy(ctx, m.Policy)
-	if err != nil {
-		return nil, err
-	}
-	sb := store.Sandbox{
-		ID:      auth.NewID(),
-		Name:    m.Name,
-		Labels:  m.Labels,
-		Command: m.Command,
-		Workdir: m.Workdir,
-		Env:     m.Env,
-		Driver:  drvName,
-		Phase:   store.PhaseProvisioning,
-	}
-	secret, err := h.s.register(ctx, sb, yaml, sum, p.Name)
+	sb := store.Sandbox{Name: m.Name, Labels: m.Labels, Command: m.Command, Workdir: m.Workdir, Env: m.Env, Driver: drvName}
+	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -76,10 +63,16 @@ func (h *sandboxService) Create(ctx context.Context, req *connect.Request[gatewa
 	return h.get(dctx, sb.ID)
 }
 
-// register stores a new sandbox with policy version 1 and its own
+// register checks policyYAML (the default when empty), gives sb its id and
+// first phase, and stores it with that policy as version 1 and its own
 // credential, whose secret it returns; on failure it leaves nothing behind.
-func (s *Server) register(ctx context.Context, sb store.Sandbox, yaml []byte, sum, author string) (secret string, retErr error) {
-	if err := s.store.CreateSandbox(ctx, sb); err != nil {
+func (s *Server) register(ctx context.Context, sb *store.Sandbox, policyYAML, author string) (secret string, retErr error) {
+	yaml, sum, err := s.checkNewPolicy(ctx, policyYAML)
+	if err != nil {
+		return "", err
+	}
+	sb.ID, sb.Phase = auth.NewID(), store.PhaseProvisioning
+	if err := s.store.CreateSandbox(ctx, *sb); err != nil {
 		return "", storeErr("create sandbox", err)
 	}
 	defer func() {
@@ -94,7 +87,7 @@ func (s *Server) register(ctx context.Context, sb store.Sandbox, yaml []byte, su
 	}
 	s.metrics.policyVersions.Inc()
 	secret = auth.NewSecret(store.TokenSandbox)
-	err := s.store.AddToken(ctx, store.Token{
+	err = s.store.AddToken(ctx, store.Token{
 		ID:        auth.NewID(),
 		Name:      "sandbox " + sb.ID,
 		Kind:      store.TokenSandbox,

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -269,3 +270,25 @@ func get(t *testing.T, g *gw, path string) string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A sandbox its driver will not run as asked is refused before anything
+// is recorded or started: the driver's Check runs first.
+func TestCreateRefusedByDriverCheck(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	g.fake.refuseWorkdir = "/root"
+	c := g.clients(g.user, nil)
+	ctx := context.Background()
+	_, err := c.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{
+		Name: "x", Command: []string{"true"}, Workdir: "/root", Driver: "fake",
+	}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "outside") {
+		t.Fatalf("create with a refused workdir: %v, want InvalidArgument naming it", err)
+	}
+	list, err := c.sandbox.List(ctx, connect.NewRequest(&gatewayv1.ListSandboxesRequest{}))
+	if err != nil || len(list.Msg.Sandboxes) != 0 {
+		t.Fatalf("sandboxes after the refusal: %v, %v", list, err)
+	}
+	if len(g.fake.links) != 0 {
+		t.Fatal("the driver was asked to start a refused sandbox")
+	}
+}

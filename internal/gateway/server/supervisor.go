@@ -11,7 +11,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/corral-sandbox/corral/internal/gateway/auth"
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 )
@@ -26,20 +25,8 @@ func (h *supervisorService) Join(ctx context.Context, req *connect.Request[gatew
 		return nil, err
 	}
 	m := req.Msg
-	yaml, sum, err := h.s.checkNewPolicy(ctx, m.Policy)
-	if err != nil {
-		return nil, err
-	}
-	sb := store.Sandbox{
-		ID:      auth.NewID(),
-		Name:    m.Name,
-		Labels:  m.Labels,
-		Command: m.Command,
-		Workdir: m.Workdir,
-		Driver:  DriverExternal,
-		Phase:   store.PhaseProvisioning,
-	}
-	secret, err := h.s.register(ctx, sb, yaml, sum, p.Name)
+	sb := store.Sandbox{Name: m.Name, Labels: m.Labels, Command: m.Command, Workdir: m.Workdir, Driver: DriverExternal}
+	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name)
 	if err != nil {
 		return nil, err
 	}
