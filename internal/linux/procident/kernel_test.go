@@ -226,10 +226,10 @@ while a.recv(4096):
     pass
 `
 
-// TestIdentifySocketSharedAfterFork: a socket held by two programs is not
-// attributed to either, also when the second one was forked after the
-// sandbox's processes were first listed (the exec watch keeps the list).
-func TestIdentifySocketSharedAfterFork(t *testing.T) {
+// watchedPython runs a python3 script in a sandbox-like tree whose forks
+// and execs are watched, and returns the tree and a resolver for it.
+func watchedPython(t *testing.T, name, source string) (*nsSandbox, *Resolver) {
+	t.Helper()
 	requireRoot(t)
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
 		t.Skip("/usr/bin/python3 is not installed")
@@ -238,13 +238,20 @@ func TestIdentifySocketSharedAfterFork(t *testing.T) {
 	if err != nil {
 		t.Fatalf("proc connector: %v", err)
 	}
-	defer w.Close()
-	script := filepath.Join(t.TempDir(), "sharer.py")
-	if err := os.WriteFile(script, []byte(sharer), 0o644); err != nil {
+	t.Cleanup(func() { w.Close() })
+	script := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(script, []byte(source), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ns := startInNamespaces(t, "t4", "203.0.113.9:443", "/usr/bin/python3", script)
-	r := &Resolver{InitPID: ns.init.Process.Pid, Execs: w}
+	return ns, &Resolver{InitPID: ns.init.Process.Pid, Execs: w}
+}
+
+// TestIdentifySocketSharedAfterFork: a socket held by two programs is not
+// attributed to either, also when the second one was forked after the
+// sandbox's processes were first listed (the exec watch keeps the list).
+func TestIdentifySocketSharedAfterFork(t *testing.T) {
+	ns, r := watchedPython(t, "sharer.py", sharer)
 	if _, err := r.Identify(ns.conn); err != nil {
 		t.Fatalf("first connection: %v", err)
 	}
@@ -270,21 +277,8 @@ func TestIdentifySocketSharedAfterFork(t *testing.T) {
 // exec watch's list holds sends the lookup back to /proc, which finds the
 // process the list lacked.
 func TestIdentifyRebuildsIncompleteTree(t *testing.T) {
-	requireRoot(t)
-	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("/usr/bin/python3 is not installed")
-	}
-	w, err := WatchExecs()
-	if err != nil {
-		t.Fatalf("proc connector: %v", err)
-	}
-	defer w.Close()
-	script := filepath.Join(t.TempDir(), "client.py")
-	if err := os.WriteFile(script, []byte(pyClient), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ns := startInNamespaces(t, "t4", "203.0.113.9:443", "/usr/bin/python3", script)
-	r := &Resolver{InitPID: ns.init.Process.Pid, Execs: w}
+	ns, r := watchedPython(t, "client.py", pyClient)
+	w := r.Execs
 	id, err := r.Identify(ns.conn)
 	if err != nil {
 		t.Fatal(err)
