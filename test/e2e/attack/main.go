@@ -514,7 +514,6 @@ func cmdSignalInitAll([]string) int {
 	return blocked("%s", strings.Join(res, ", "))
 }
 
-
 // cmdKillAll signals every process it may. Inside a pid namespace there is
 // nothing but the namespace's init (which kill(-1) skips), so success means a
 // process outside was reached.
