@@ -469,11 +469,14 @@ func cmdSignalInitAll([]string) int {
 			tids = append(tids, tid)
 		}
 	}
+	// si_code SI_QUEUE (-1), as sigqueue(3) sends: a non-negative code
+	// to another process is refused whatever the filter says.
 	var info [128]byte
+	info[8], info[9], info[10], info[11] = 0xff, 0xff, 0xff, 0xff
 	var res []string
 	try := func(what string, nr uintptr, a ...uintptr) bool {
-		a = append(a, 0, 0, 0)
-		_, _, e := unix.RawSyscall(nr, a[0], a[1], a[2])
+		a = append(a, 0, 0, 0, 0, 0, 0)
+		_, _, e := unix.RawSyscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5])
 		if e == 0 {
 			return true
 		}
@@ -489,6 +492,7 @@ func cmdSignalInitAll([]string) int {
 		if try(fmt.Sprintf("tgkill(1,%d)", tid), unix.SYS_TGKILL, 1, uintptr(tid), uintptr(unix.SIGTERM)) {
 			return escaped("tgkill(1, %d, SIGTERM) delivered", tid)
 		}
+
 		// A tid nobody has fails with ESRCH, which is fine; besides our
 		// own, every thread in this sandbox is the init's.
 		if try(fmt.Sprintf("tkill(%d)", tid), unix.SYS_TKILL, uintptr(tid), uintptr(unix.SIGTERM)) {
@@ -497,6 +501,9 @@ func cmdSignalInitAll([]string) int {
 	}
 	if try("rt_sigqueueinfo(1)", unix.SYS_RT_SIGQUEUEINFO, 1, uintptr(unix.SIGTERM), uintptr(unsafe.Pointer(&info))) {
 		return escaped("rt_sigqueueinfo(1, SIGTERM) delivered")
+	}
+	if try("rt_tgsigqueueinfo(1,1)", unix.SYS_RT_TGSIGQUEUEINFO, 1, 1, uintptr(unix.SIGTERM), uintptr(unsafe.Pointer(&info))) {
+		return escaped("rt_tgsigqueueinfo(1, 1, SIGTERM) delivered")
 	}
 	if try("pidfd_open(1)", unix.SYS_PIDFD_OPEN, 1, 0) {
 		return escaped("pidfd_open(1) succeeded")
