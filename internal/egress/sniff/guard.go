@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Guard returns c with its opening held back until check has approved what
@@ -249,6 +251,10 @@ func (g *guarded) checkRequest(req *http.Request) error {
 		refusal = malformed("http", "CONNECT inside an HTTP connection")
 	case req.Host == "":
 		refusal = malformed("http", "no Host header")
+	case !validHost(req.Host):
+		// net/http would write a cleaned, different (even empty) Host
+		// than the name checked here.
+		refusal = malformed("http", "invalid Host header")
 	}
 	host := req.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -289,4 +295,20 @@ func dropUpgrade(h http.Header) {
 	if len(kept) > 0 {
 		h["Connection"] = []string{strings.Join(kept, ", ")}
 	}
+}
+
+// validHost reports whether h is a Host header net/http forwards as it
+// is: valid header characters and, after a colon, a numeric port.
+func validHost(h string) bool {
+	if !httpguts.ValidHostHeader(h) || strings.ContainsAny(h, " \t/") {
+		return false
+	}
+	if _, port, err := net.SplitHostPort(h); err == nil {
+		for _, c := range port {
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+	}
+	return true
 }
