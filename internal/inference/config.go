@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/corral-sandbox/corral/internal/yamlsafe"
 )
 
 // Protocols a route can speak, named as in the policy and the audit log.
@@ -168,21 +170,31 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes the duration string.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
-// LoadRoutesFile reads an --inference-routes file: strict YAML (unknown
-// fields are errors), validated. An empty file is an empty Config.
+// LoadRoutesFile reads an --inference-routes file (see ParseRoutes).
 func LoadRoutesFile(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("reading inference routes: %w", err)
 	}
+	c, err := ParseRoutes(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("inference routes %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseRoutes reads a routes document, from a file or the gateway:
+// strict YAML (unknown fields are errors), validated. An empty document is
+// an empty Config.
+func ParseRoutes(data []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var c Config
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("inference routes %s: %w", path, err)
+	if err := yamlsafe.DecodeNext(dec, &c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
-		return Config{}, fmt.Errorf("inference routes %s: %w", path, err)
+		return Config{}, err
 	}
 	return c, nil
 }

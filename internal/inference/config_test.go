@@ -81,6 +81,9 @@ func TestValidateMessages(t *testing.T) {
 		{"routes: [{name: a, base_url: http://h, protocols: [openai_embeddings], translate: true}]", "translate: translation needs"},
 		{"routes: [{name: a, base_url: http://h, protocols: [openai_embeddings], model: 'route:b'}]", "model: \"route:b\""},
 		{"routes: [{name: a, base_url: http://h, protocols: [openai_embeddings], api_key: {from_env: A, from_file: B}}]", "not both"},
+		// A list key beside a merge key panics inside yaml.v3; the gateway
+		// parses routes from its API, so this must be an error.
+		{"routes: [{? [a] : 1, <<: {name: a}}]", "cannot handle"},
 	} {
 		_, err := LoadRoutesFile(writeFile(t, tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

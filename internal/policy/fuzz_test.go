@@ -15,6 +15,11 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("version: 1\nlimits: &l {pids: 5}\nfilesystem_policy: {<<: *l}\n"))
 	f.Add([]byte("version: 1\nprocess: {run_as_user: 0}\nlimits: {memory: 1.5g, cpu: .nan}\n"))
 	f.Add([]byte("{version: 1, state: scratch}\n---\n"))
+	// A mapping or list key beside a merge key panicked inside yaml.v3
+	// (found by CI's fuzzing).
+	f.Add([]byte("version: 1\n? {a: 1}\n: x\n<<: {}\n"))
+	f.Add([]byte("version: 1\nlimits: {? [a] : 1, <<: {pids: 5}}\n"))
+	f.Add([]byte("version: 1\nx: &k {a: 1}\nlimits: {? *k : 1, <<: {pids: 5}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse(data, "fuzz")
 		if err != nil {

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/corral-sandbox/corral/internal/yamlsafe"
 )
 
 // Load reads and parses the policy file at path. Every error is prefixed
@@ -60,13 +62,13 @@ func ParseOnto(data []byte, source string, base *Policy) (*Policy, error) {
 		// Decoding an alias bomb is what the budget is there to prevent.
 		return nil, &ValidationError{Problems: w.problems}
 	}
-	dropDuplicateKeys(root)
+	dropReportedKeys(root)
 	var p Policy
 	// Decode keeps going past type mismatches, leaving those fields unset,
 	// so the rules below still check everything else. The walker reports
 	// the same mismatches with better messages; Decode's error matters
 	// only for what the walker does not model (custom tags, overflow).
-	if err := root.Decode(&p); err != nil && len(w.problems) == 0 {
+	if err := yamlsafe.Decode(root, &p); err != nil && len(w.problems) == 0 {
 		return nil, decodeError(err)
 	}
 	p.Source = source
@@ -155,16 +157,25 @@ func parseDocument(data []byte) (*yaml.Node, error) {
 	return root, nil
 }
 
-// dropDuplicateKeys keeps the first of each repeated key of every mapping
-// (the walker has reported the others): the decoder would otherwise skip
-// the whole mapping, and the rules would report its fields as missing.
-// Aliases are not followed; the mappings they name are in the tree anyway.
-func dropDuplicateKeys(n *yaml.Node) {
+// dropReportedKeys removes from every mapping the keys the walker has
+// reported: all but the first of a repeated key, which would make the
+// decoder skip the whole mapping so that the rules report its fields as
+// missing, and keys that are mappings or lists, which make yaml.v3 panic
+// next to a merge key. Aliases are not followed; the mappings they name
+// are in the tree anyway.
+func dropReportedKeys(n *yaml.Node) {
 	if n.Kind == yaml.MappingNode {
 		seen := map[string]bool{}
 		kept := n.Content[:0]
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k := n.Content[i]
+			target := k
+			if k.Kind == yaml.AliasNode && k.Alias != nil {
+				target = k.Alias
+			}
+			if target.Kind == yaml.MappingNode || target.Kind == yaml.SequenceNode {
+				continue
+			}
 			if k.Kind == yaml.ScalarNode && k.ShortTag() != mergeTag {
 				if seen[k.Value] {
 					continue
@@ -176,7 +187,7 @@ func dropDuplicateKeys(n *yaml.Node) {
 		n.Content = kept
 	}
 	for _, c := range n.Content {
-		dropDuplicateKeys(c)
+		dropReportedKeys(c)
 	}
 }
 

@@ -3,13 +3,9 @@ package sandbox
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/gatewaylink"
@@ -143,16 +139,9 @@ func (g *Gateway) routesFailed(version int64, policyVersion int, err error) {
 	g.aud.Log(audit.PolicyReloadFailedEvent{Source: fmt.Sprintf("gateway:routes v%d", version), Version: policyVersion + 1, Error: err.Error()})
 }
 
-// gatewayRoutes reads the gateway's routes document as an
-// --inference-routes file is read: strict YAML, validated.
 func gatewayRoutes(data []byte) (inference.Config, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var c inference.Config
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return inference.Config{}, fmt.Errorf("inference routes: %w", err)
-	}
-	if err := c.Validate(); err != nil {
+	c, err := inference.ParseRoutes(data)
+	if err != nil {
 		return inference.Config{}, fmt.Errorf("inference routes: %w", err)
 	}
 	return c, nil

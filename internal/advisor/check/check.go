@@ -25,6 +25,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/yamlsafe"
 	"gopkg.in/yaml.v3"
 )
 
@@ -538,7 +539,7 @@ func requests(ep policy.Endpoint) []string {
 // error: a proposal may only add network policies.
 func ParseAddition(data []byte) (map[string]policy.NetworkPolicy, error) {
 	var top map[string]yaml.Node
-	if err := yaml.Unmarshal(data, &top); err != nil {
+	if err := yamlsafe.Unmarshal(data, &top); err != nil {
 		return nil, fmt.Errorf("parse proposal: %w", err)
 	}
 	for k := range top {

@@ -205,6 +205,8 @@ func TestParseAddition(t *testing.T) {
 		"invalid host":   "network_policies: {a: {endpoints: [{host: '*', port: 443}]}}\n",
 		"empty":          "network_policies: {}\n",
 		"not a document": "[1, 2]\n",
+		// yaml.v3 panics on a list key beside a merge key.
+		"list key and merge": "? [a] : 1\n<<: {}\n",
 	} {
 		if _, err := ParseAddition([]byte(doc)); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -1,13 +1,9 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
 
 	"connectrpc.com/connect"
-	"gopkg.in/yaml.v3"
 
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/inference"
@@ -15,16 +11,8 @@ import (
 
 type routeService struct{ s *Server }
 
-// checkRoutes reads routes YAML as an --inference-routes file is read:
-// strictly, then validated by the inference package.
 func checkRoutes(text string) error {
-	dec := yaml.NewDecoder(bytes.NewReader([]byte(text)))
-	dec.KnownFields(true)
-	var c inference.Config
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return invalid("inference routes: %w", err)
-	}
-	if err := c.Validate(); err != nil {
+	if _, err := inference.ParseRoutes([]byte(text)); err != nil {
 		return invalid("inference routes: %w", err)
 	}
 	return nil
