@@ -111,7 +111,8 @@ type Decision struct {
 	// Detail is a human explanation for logs and deny replies.
 	Detail string
 	// AllowedIPs are the matched endpoint's allowed_ips: internal addresses
-	// inside them may be dialled, others never.
+	// inside them may be dialled, others never. The slice may be the
+	// policy's own: read it, never write to it.
 	AllowedIPs []netip.Prefix
 	// Inspect is set when the deciding policy has a protocol: rest
 	// endpoint for this destination: the connection's requests are then

@@ -42,7 +42,8 @@ type state struct {
 	// inspects is set when some endpoint has a protocol.
 	inspects bool
 
-	exact    map[string][]*endpoint // exact host names and hosts written as IPs
+	exact    map[string][]*endpoint // exact host names
+	exactIP  map[netip.Addr][]*endpoint // hosts written as IPs
 	oneLabel map[string][]*endpoint // by the pattern minus its first label
 	anyDepth map[string][]*endpoint // by the pattern minus its "**" label
 	byIP     []*endpoint            // endpoints with allowed_ips
@@ -59,6 +60,7 @@ var (
 func build(c *policy.Compiled, rules []byte) (*state, error) {
 	st := &state{
 		exact:    map[string][]*endpoint{},
+		exactIP:  map[netip.Addr][]*endpoint{},
 		oneLabel: map[string][]*endpoint{},
 		anyDepth: map[string][]*endpoint{},
 		inspects: c.Inspects,
@@ -161,7 +163,13 @@ func (st *state) endpoint(g *policy.Grant, bins *binaryMatcher, t *policy.Target
 	switch pat := t.Host; {
 	case pat.Host == "":
 	case !pat.Wildcard():
-		st.exact[pat.Host] = append(st.exact[pat.Host], e)
+		// hostpattern.Compile writes an address in canonical form, the
+		// form a request's address is looked up in.
+		if a, err := netip.ParseAddr(pat.Host); err == nil {
+			st.exactIP[a] = append(st.exactIP[a], e)
+		} else {
+			st.exact[pat.Host] = append(st.exact[pat.Host], e)
+		}
 	case pat.AnyDepth:
 		st.anyDepth[pat.Rest] = append(st.anyDepth[pat.Rest], e)
 	default:
@@ -220,9 +228,9 @@ func ruleTerms(rules []policy.HTTPRule) []*ast.Term {
 	return out
 }
 
-// hostMatches returns the endpoints whose host pattern matches host.
-func (st *state) hostMatches(host string) []*endpoint {
-	out := slices.Clone(st.exact[host])
+// hostMatches appends to out the endpoints whose host pattern matches host.
+func (st *state) hostMatches(out []*endpoint, host string) []*endpoint {
+	out = append(out, st.exact[host]...)
 	if i := strings.IndexByte(host, '.'); i >= 0 {
 		for _, e := range st.oneLabel[host[i+1:]] {
 			if e.target.Host.Regexp.MatchString(host) {
@@ -243,16 +251,18 @@ func (st *state) hostMatches(host string) []*endpoint {
 	return out
 }
 
-// candidates returns the endpoints that accept the destination and port,
-// in rank order.
-func (st *state) candidates(host, ip string, port uint16) []*endpoint {
-	var out []*endpoint
+// candidates appends to out the endpoints that accept the destination
+// (a host name, or else an address) and port, in rank order. Decisions
+// pass a buffer on their stack: one that allocates nothing touches no
+// fresh memory, whose first use costs a page fault.
+func (st *state) candidates(out []*endpoint, host string, addr netip.Addr, port uint16) []*endpoint {
 	if host != "" {
-		out = st.hostMatches(host)
-	} else if a, err := netip.ParseAddr(ip); err == nil {
-		out = slices.Clone(st.exact[ip])
+		out = st.hostMatches(out, host)
+	} else if addr.IsValid() {
+		out = append(out, st.exactIP[addr]...)
+		exact := len(out)
 		for _, e := range st.byIP {
-			if !slices.Contains(out, e) && slices.ContainsFunc(e.target.Prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			if !slices.Contains(out[:exact], e) && slices.ContainsFunc(e.target.Prefixes, func(p netip.Prefix) bool { return p.Contains(addr) }) {
 				out = append(out, e)
 			}
 		}

@@ -168,16 +168,18 @@ func New(c *policy.Compiled, rules []byte) (*Engine, error) {
 // Decide evaluates r against the engine's policy.
 func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 	st := e.st
-	host, ip := normaliseTarget(r)
-	cands := st.candidates(host, ip, r.Port)
+	host, addr := normaliseTarget(r)
+	var buf [8]*endpoint
+	cands := st.candidates(buf[:0], host, addr, r.Port)
 	var (
 		d   egress.Decision
 		key string
 	)
 	if st.native {
-		d, key = nativeDecision(cands, execPaths(r.Identity))
+		var paths [8]string
+		d, key = nativeDecision(cands, execPaths(paths[:0], r.Identity))
 	} else {
-		v, err := eval(ctx, st.decision, input(host, ip, int(r.Port), r.Identity, cands))
+		v, err := eval(ctx, st.decision, input(host, addrString(addr), int(r.Port), r.Identity, cands))
 		if err != nil {
 			return engineError(err.Error())
 		}
@@ -186,7 +188,7 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 		}
 	}
 	if !d.Allow {
-		d.Detail = denyDetail(d, r, host, ip)
+		d.Detail = denyDetail(d, r, host, addr)
 		return d
 	}
 	// The deciding policy's endpoints for this destination say whether its
@@ -227,13 +229,15 @@ func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTP
 	if !st.native && st.request == nil {
 		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the policy rules define no request_decision"}
 	}
-	host, ip := normaliseTarget(r)
-	cands := requestCandidates(st.candidates(host, ip, r.Port), h)
+	host, addr := normaliseTarget(r)
+	var buf [8]*endpoint
+	cands := requestCandidates(st.candidates(buf[:0], host, addr, r.Port), h)
 	var d egress.HTTPDecision
 	if st.native {
-		d = nativeRequestDecision(cands, execPaths(r.Identity), h)
+		var paths [8]string
+		d = nativeRequestDecision(cands, execPaths(paths[:0], r.Identity), h)
 	} else {
-		in := inputTerms(host, ip, int(r.Port), r.Identity, requestTerms(cands, h))
+		in := inputTerms(host, addrString(addr), int(r.Port), r.Identity, requestTerms(cands, h))
 		in.Insert(keyHTTP, httpTerm(h))
 		v, err := eval(ctx, *st.request, in)
 		if err != nil {
@@ -326,7 +330,8 @@ func (e *Engine) NameAllowed(host string) bool {
 	if _, err := netip.ParseAddr(host); host == "" || err == nil {
 		return false
 	}
-	cands := st.hostMatches(host)
+	var buf [8]*endpoint
+	cands := st.hostMatches(buf[:0], host)
 	if st.nameAllowed == nil {
 		return len(cands) > 0
 	}
@@ -369,22 +374,49 @@ func engineError(detail string) egress.Decision {
 var normaliseHost = hostpattern.Normalise
 
 // normaliseTarget returns the host name or, for a literal destination, the
-// address in the form allowed_ips are written in. A listener that put an
-// address into Host still gets an address decision, so that allowed_ips
-// cannot be sidestepped by spelling an IP as a name.
-func normaliseTarget(r egress.Request) (host, ip string) {
+// address, unmapped and without zone as allowed_ips are compared. A
+// listener that put an address into Host still gets an address decision,
+// so that allowed_ips cannot be sidestepped by spelling an IP as a name.
+func normaliseTarget(r egress.Request) (host string, addr netip.Addr) {
 	host = normaliseHost(r.Host)
 	a := r.IP
 	if host != "" {
+		literal := strings.Trim(host, "[]")
+		if !mayBeAddr(literal) {
+			return host, netip.Addr{}
+		}
 		var err error
-		if a, err = netip.ParseAddr(strings.Trim(host, "[]")); err != nil {
-			return host, ""
+		if a, err = netip.ParseAddr(literal); err != nil {
+			return host, netip.Addr{}
 		}
 	}
 	if !a.IsValid() {
-		return "", ""
+		return "", netip.Addr{}
 	}
-	return "", a.Unmap().WithZone("").String()
+	return "", a.Unmap().WithZone("")
+}
+
+// mayBeAddr is false for a name netip.ParseAddr would refuse, which it
+// does with an allocated error: an IPv4 address is digits and dots only,
+// an IPv6 address has a colon.
+func mayBeAddr(s string) bool {
+	if strings.IndexByte(s, ':') >= 0 {
+		return true
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c != '.' && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// addrString is an address as the rules and messages see it: "" for none.
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
 }
 
 // Keys are shared between inputs; OPA treats terms as immutable, as its own
@@ -518,10 +550,10 @@ func field(obj ast.Object, key *ast.Term) ast.Value {
 	return nil
 }
 
-func denyDetail(d egress.Decision, r egress.Request, host, ip string) string {
+func denyDetail(d egress.Decision, r egress.Request, host string, addr netip.Addr) string {
 	target := host
 	if target == "" {
-		target = ip
+		target = addrString(addr)
 	}
 	if strings.Contains(target, ":") {
 		target = "[" + target + "]"

@@ -58,14 +58,13 @@ func (m *binaryMatcher) allows(paths []string) bool {
 	return false
 }
 
-// execPaths is input.exec.paths: the executable, its ancestors and the
-// scripts on its command line, without empty or repeated entries; none
-// for a process whose identity cannot be trusted.
-func execPaths(id egress.Identity) []string {
+// execPaths appends to out input.exec.paths: the executable, its
+// ancestors and the scripts on its command line, without empty or repeated
+// entries; none for a process whose identity cannot be trusted.
+func execPaths(out []string, id egress.Identity) []string {
 	if id.Untrusted != "" {
-		return nil
+		return out
 	}
-	out := make([]string, 0, 1+len(id.Ancestors)+len(id.CmdlinePaths))
 	add := func(s string) {
 		if s != "" && !slices.Contains(out, s) {
 			out = append(out, s)
@@ -87,7 +86,10 @@ func execPaths(id egress.Identity) []string {
 func nativeDecision(cands []*endpoint, paths []string) (egress.Decision, string) {
 	for _, c := range cands {
 		if c.binaries.allows(paths) {
-			return egress.Decision{Allow: true, Policy: c.grant.Name, AllowedIPs: slices.Clone(c.target.Prefixes)}, c.grant.Key
+			// Shared with the compiled policy, capped so that an append
+			// copies: a decision costs no allocation.
+			ips := c.target.Prefixes[:len(c.target.Prefixes):len(c.target.Prefixes)]
+			return egress.Decision{Allow: true, Policy: c.grant.Name, AllowedIPs: ips}, c.grant.Key
 		}
 	}
 	if len(cands) > 0 {
