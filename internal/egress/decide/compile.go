@@ -42,11 +42,11 @@ type state struct {
 	// inspects is set when some endpoint has a protocol.
 	inspects bool
 
-	exact    map[string][]*endpoint // exact host names
+	exact    map[string][]*endpoint     // exact host names
 	exactIP  map[netip.Addr][]*endpoint // hosts written as IPs
-	oneLabel map[string][]*endpoint // by the pattern minus its first label
-	anyDepth map[string][]*endpoint // by the pattern minus its "**" label
-	byIP     []*endpoint            // endpoints with allowed_ips
+	oneLabel map[string][]*endpoint     // by the pattern minus its first label
+	anyDepth map[string][]*endpoint     // by the pattern minus its "**" label
+	byIP     []*endpoint                // endpoints with allowed_ips
 }
 
 var (
