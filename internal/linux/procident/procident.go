@@ -121,19 +121,26 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 		return nil
 	}
 	target := "socket:[" + strconv.FormatUint(inode, 10) + "]"
-	refs := holders(r.members(), target, inode)
+	refs := r.holders(target, inode)
 	if len(refs) == 0 && r.Execs != nil {
 		// The exec watch's list may lack the holder; /proc has it.
 		r.Execs.forget()
-		refs = holders(r.members(), target, inode)
+		refs = r.holders(target, inode)
 	}
 	return refs
 }
 
-// holders are the descriptors of procs that hold the socket target.
-func holders(procs map[int]bool, target string, inode uint64) []fdRef {
+// holders are the descriptors of the sandbox's processes that hold the
+// socket target. The init is not looked at: no workload socket can enter
+// its descriptor table (it receives descriptors from the supervisor only,
+// shares its table with no one, and refuses ptrace), and reading its ten
+// or so links cost every connection tens of microseconds.
+func (r *Resolver) holders(target string, inode uint64) []fdRef {
 	var refs []fdRef
-	for pid := range procs {
+	for pid := range r.members() {
+		if pid == r.InitPID {
+			continue
+		}
 		if fd := findFD(pid, target); fd >= 0 {
 			refs = append(refs, fdRef{pid: pid, fd: fd, inode: inode})
 		}
