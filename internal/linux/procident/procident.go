@@ -346,6 +346,11 @@ func (r *Resolver) identity(pid int) (egress.Identity, error) {
 		if id, err = r.lineage(pid); err != nil {
 			return egress.Identity{}, err
 		}
+		if id.Untrusted == "" {
+			if id.Untrusted, err = untrustedEnv(pid); err != nil {
+				return egress.Identity{}, err
+			}
+		}
 		r.idMu.Lock()
 		if r.ids == nil || len(r.ids) >= maxCachedIDs {
 			r.ids = map[procKey]egress.Identity{}
@@ -356,10 +361,11 @@ func (r *Resolver) identity(pid int) (egress.Identity, error) {
 	if id.CmdlinePaths, err = r.cmdlinePaths(pid, id.Binary); err != nil {
 		return egress.Identity{}, err
 	}
-	// Code can be loaded at any time (dlopen), so the process itself is
-	// looked at on every connection; its ancestors once, with the lineage.
+	// Code can be loaded at any time (dlopen), so the process's mappings
+	// are looked at on every connection; its environment and its
+	// ancestors once, with the lineage.
 	if id.Untrusted == "" {
-		if id.Untrusted, err = r.untrusted(pid, id.Binary); err != nil {
+		if id.Untrusted, err = r.untrustedMaps(pid, id.Binary); err != nil {
 			return egress.Identity{}, err
 		}
 	}
