@@ -28,15 +28,21 @@ var HostCAVariables = []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS
 // every proxy-mode start, and parsing a distribution's 150 roots costs
 // milliseconds.
 func HostTrust(getenv func(string) string) (bundle []byte, warnings []string, err error) {
-	_, system, err := SystemBundle()
+	systemPath, system, err := SystemBundle()
 	if err != nil {
 		return nil, nil, err
 	}
+	// Hosts often point every one of these variables at the system bundle
+	// itself; reading it again for each cost a start milliseconds.
+	systemInfo, _ := os.Stat(systemPath)
 	var seen map[string]bool
 	out := system
 	for _, v := range HostCAVariables {
 		path := getenv(v)
 		if path == "" {
+			continue
+		}
+		if fi, err := os.Stat(path); err == nil && systemInfo != nil && os.SameFile(fi, systemInfo) {
 			continue
 		}
 		data, err := os.ReadFile(path)
