@@ -95,7 +95,7 @@ and the network plan. Nothing is started.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			pl, err := plan.Build(planPol, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, plan.LocalHost())
+			pl, err := plan.Build(planPol, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, plan.LocalHost(orStateDir(stateDir)))
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}

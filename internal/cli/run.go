@@ -257,7 +257,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	}
 	tr.Step("policy loaded")
 
-	host := plan.LocalHost()
+	host := plan.LocalHost(state)
 	swept, err := sandbox.Sweep(state, host.Cgroups)
 	for _, old := range swept {
 		log.Warn("removed state left by a sandbox whose supervisor died", "sandbox", old)

@@ -12,6 +12,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/linux/landlock"
+	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 // Host is every fact about the machine a plan depends on. Tests replace it
@@ -79,7 +80,7 @@ type UserDB interface {
 }
 
 // LocalHost reads the facts of the machine corral runs on.
-func LocalHost() Host {
+func LocalHost(stateDir string) Host {
 	return Host{
 		EUID:        uint32(os.Geteuid()),
 		EGID:        uint32(os.Getegid()),
@@ -88,7 +89,7 @@ func LocalHost() Host {
 		FS:          osFS{},
 		Users:       osUsers{},
 		Home:        invokingHome(),
-		IDMap:       idmapper(),
+		IDMap:       idmapper(stateDir),
 	}
 }
 
@@ -106,17 +107,20 @@ func invokingHome() string {
 }
 
 // idmapper is nil unless corral is root in the initial user namespace,
-// the only place idmapped mounts of host filesystems can be made.
-func idmapper() IDMapper {
+// the only place idmapped mounts of host filesystems can be made. Probes
+// that succeeded are remembered under stateDir.
+func idmapper(stateDir string) IDMapper {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	return osIDMapper{}
+	return osIDMapper{probed: statedir.IDMapProbes(stateDir)}
 }
 
-type osIDMapper struct{}
+type osIDMapper struct{ probed string }
 
-func (osIDMapper) Probe(path string, m idmap.Mapping) error { return idmap.Probe(path, m) }
+func (o osIDMapper) Probe(path string, m idmap.Mapping) error {
+	return idmap.ProbeOnce(o.probed, path, m)
+}
 
 type osFS struct{}
 

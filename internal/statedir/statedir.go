@@ -35,6 +35,9 @@ func Default() string {
 // Bin holds programs corral carries and runs from disk (the sandbox's init).
 func Bin(state string) string { return filepath.Join(state, "bin") }
 
+// IDMapProbes remembers the mounts found to take idmapped bind mounts.
+func IDMapProbes(state string) string { return filepath.Join(state, "idmap-probes") }
+
 // AuditLog is the default audit log.
 func AuditLog(state string) string { return filepath.Join(state, "audit.log") }
 

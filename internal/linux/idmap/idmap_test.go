@@ -77,3 +77,36 @@ func TestProbeRefusesWhatItCannotMap(t *testing.T) {
 		t.Error("Probe(/proc) succeeded")
 	}
 }
+
+// A success is remembered per mount and boot; a refusal is not.
+func TestProbeOnce(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, ok := probeKey("/proc"); !ok {
+		t.Skip("this kernel has no unique mount ids (Linux 6.8 or later)")
+	}
+	cache, work := filepath.Join(t.TempDir(), "probes"), t.TempDir()
+	m := Mapping{DiskUID: 0, DiskGID: 0, UID: 65534, GID: 65534}
+	if err := ProbeOnce(cache, work, m); err != nil {
+		t.Skipf("this host cannot idmap %s: %v", work, err)
+	}
+	key, _ := probeKey(work)
+	if _, err := os.Stat(filepath.Join(cache, key)); err != nil {
+		t.Fatalf("the success was not remembered: %v", err)
+	}
+	if err := ProbeOnce(cache, "/proc", m); err == nil {
+		t.Fatal("ProbeOnce(/proc) succeeded")
+	}
+	procKey, _ := probeKey("/proc")
+	if _, err := os.Stat(filepath.Join(cache, procKey)); err == nil {
+		t.Fatal("a refusal was remembered")
+	}
+	// What is remembered is not probed again.
+	if err := os.WriteFile(filepath.Join(cache, procKey), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ProbeOnce(cache, "/proc", m); err != nil {
+		t.Fatalf("a remembered success was probed again: %v", err)
+	}
+}
