@@ -156,7 +156,8 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 
 	var err error
 	// trustWritten, set in proxy mode, waits for the Java trust store,
-	// which is written while the init starts.
+	// which is written while the init sets up; the init starts the
+	// workload only when told to, after it.
 	trustWritten := func() error { return nil }
 	if s.run_, err = newRunDir(s.StateDir, s.ID); err != nil {
 		return ExitSetupFailed, err
@@ -260,9 +261,6 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}()
 	}
 	s.Trace.Step("control socket")
-	if err := trustWritten(); err != nil {
-		return ExitSetupFailed, err
-	}
 	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
@@ -283,6 +281,12 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			return exitCode(err), err
 		}
 	}
+	if err := trustWritten(); err != nil {
+		return ExitSetupFailed, err
+	}
+	// An init that cannot take this has failed or exited; the message
+	// read next says which.
+	_ = initproc.Send(sup, initproc.Message{Type: initproc.MsgProceed})
 	msgs := make(chan initproc.Message, 4)
 	go readMessages(sup, msgs)
 

@@ -50,16 +50,6 @@ func InitMain() int {
 	tr.StepAt("init: process started (clone, namespaces, exec, Go runtime)", entered)
 	tr.Step("init: config received")
 
-	// The supervisor sees EOF on its socket only when we exit; we see EOF
-	// when it dies, and then the sandbox must die with it: the kernel
-	// kills every process of a pid namespace whose init exits, whatever
-	// thread or Landlock domain this goroutine runs in.
-	go func() {
-		_, _ = io.Copy(io.Discard, sup)
-		_ = unix.Kill(-1, unix.SIGKILL)
-		os.Exit(137)
-	}()
-
 	fail := func(e *StepError) int {
 		_ = Send(sup, Message{Type: MsgError, Step: e.Step, Error: e.Err.Error(), Code: e.Code})
 		return e.Code
@@ -101,6 +91,23 @@ func InitMain() int {
 		return fail(stepErr("make /proc read-only", err))
 	}
 	tr.Step("init: terminal, read-only /proc")
+	// The supervisor finishes its side (egress serving, the Java trust
+	// store written) while we set up ours; the workload never starts
+	// before what it reads is there. A supervisor that died meanwhile
+	// ends the wait with EOF.
+	if err := awaitProceed(sup); err != nil {
+		return fail(stepErr("wait for the supervisor", err))
+	}
+	tr.Step("init: supervisor ready")
+	// The supervisor sees EOF on its socket only when we exit; we see EOF
+	// when it dies, and then the sandbox must die with it: the kernel
+	// kills every process of a pid namespace whose init exits, whatever
+	// thread or Landlock domain this goroutine runs in.
+	go func() {
+		_, _ = io.Copy(io.Discard, sup)
+		_ = unix.Kill(-1, unix.SIGKILL)
+		os.Exit(137)
+	}()
 
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, forwarded...)
@@ -154,6 +161,22 @@ func reap(workload int) (code, sig int, done bool) {
 // setupCapture routes every packet of the namespace to corral's listeners
 // and hands those listeners to the supervisor, which serves them from the
 // host's network namespace.
+// awaitProceed reads the supervisor's next message, which must be
+// MsgProceed.
+func awaitProceed(sup *os.File) error {
+	m, files, err := RecvFDs(sup)
+	for _, f := range files {
+		f.Close()
+	}
+	switch {
+	case err != nil:
+		return err
+	case m.Type != MsgProceed:
+		return fmt.Errorf("unexpected %q message", m.Type)
+	}
+	return nil
+}
+
 func setupCapture(sup *os.File, c *plan.Capture) error {
 	l, err := capture.Setup(capture.Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort,
 		HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort})

@@ -25,6 +25,7 @@ const (
 // Message types exchanged over the supervisor↔init socket.
 const (
 	MsgConfig  = "config"  // supervisor → init
+	MsgProceed = "proceed" // supervisor → init: its side is ready; start the workload
 	MsgStarted = "started" // init → supervisor: the workload's execve succeeded
 	MsgError   = "error"   // a set-up step failed; the workload never ran
 	MsgExited  = "exited"  // init → supervisor: the workload's wait status
