@@ -55,6 +55,10 @@ public class Get {
 const caTrustScript = `#!/bin/bash
 cd "$W" || exit 99
 sec() { echo; echo "=== $1"; }
+# The Java trust store is written while the init sets up; the workload
+# must never start before it.
+sec truststore_at_start
+test -s /run/corral/truststore.p12 && echo TRUSTSTORE_READY
 for host in corp insp; do
   u=https://$host.test/$host$P
   sec curl_$host
@@ -103,6 +107,7 @@ func TestCATrust(t *testing.T) {
 			timeout: 2 * time.Minute,
 		})
 		n := &netRun{t: t, r: r, sec: sections(r.stdout)}
+		n.has("truststore_at_start", `TRUSTSTORE_READY`)
 		for _, host := range []string{"corp", "insp"} {
 			n.has("curl_"+host, `hello from `+host+`\.test GET /`+host+P+` rc=0`)
 			n.has("python_"+host, `PYSTATUS 200`)
