@@ -56,7 +56,7 @@ type Resolver struct {
 	diag     *diag // nil when sock_diag is unavailable
 
 	idMu sync.Mutex
-	ids  map[procKey]cachedID
+	ids  map[procKey]egress.Identity
 
 	mountsOnce sync.Once
 	mounts     []mountPoint
@@ -250,13 +250,6 @@ func (r *Resolver) identify(ref fdRef) (egress.Identity, error) {
 	return id, nil
 }
 
-// cachedID is what is read of a process once: its lineage, and why its
-// environment makes it untrusted ("" when it does not).
-type cachedID struct {
-	id  egress.Identity
-	env string
-}
-
 // procKey names one process running one executable: a recycled pid has
 // another start time, and an exec another executable.
 type procKey struct {
@@ -347,39 +340,28 @@ func (r *Resolver) identity(pid int) (egress.Identity, error) {
 		return egress.Identity{}, err
 	}
 	r.idMu.Lock()
-	c, cached := r.ids[key]
+	id, cached := r.ids[key]
 	r.idMu.Unlock()
 	if !cached {
-		if c.id, err = r.lineage(pid); err != nil {
+		if id, err = r.lineage(pid); err != nil {
 			return egress.Identity{}, err
-		}
-		if c.id.Untrusted == "" {
-			if c.env, err = untrustedEnv(pid); err != nil {
-				return egress.Identity{}, err
-			}
 		}
 		r.idMu.Lock()
 		if r.ids == nil || len(r.ids) >= maxCachedIDs {
-			r.ids = map[procKey]cachedID{}
+			r.ids = map[procKey]egress.Identity{}
 		}
-		r.ids[key] = c
+		r.ids[key] = id
 		r.idMu.Unlock()
 	}
-	id := c.id
 	if id.CmdlinePaths, err = r.cmdlinePaths(pid, id.Binary); err != nil {
 		return egress.Identity{}, err
 	}
-	// Code can be loaded at any time (dlopen), so the process's mappings
-	// are looked at on every connection; its environment and its
-	// ancestors once, with the lineage. A mapping names the file that
-	// was loaded, so it is the reason given when both apply.
+	// Code can be loaded at any time (dlopen), so the process itself is
+	// looked at on every connection; its ancestors once, with the lineage.
 	if id.Untrusted == "" {
-		if id.Untrusted, err = r.untrustedMaps(pid, id.Binary); err != nil {
+		if id.Untrusted, err = r.untrusted(pid, id.Binary); err != nil {
 			return egress.Identity{}, err
 		}
-	}
-	if id.Untrusted == "" {
-		id.Untrusted = c.env
 	}
 	return id, nil
 }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +41,9 @@ const (
 	// as a loaded library would be; "memfd" maps an anonymous file made
 	// with memfd_create, as fileless loaders do.
 	mapEnv = "CORRAL_PROCIDENT_TEST_MAPX"
+	// reexecEnv makes the client, once told to on its connection, exec
+	// its own binary again with LD_PRELOAD set and connect anew.
+	reexecEnv = "CORRAL_PROCIDENT_TEST_REEXEC"
 )
 
 func TestMain(m *testing.M) {
@@ -98,6 +102,14 @@ func clientMain() int {
 	}
 	fmt.Fprintf(c, "%d\n", os.Getpid())
 	c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	if os.Getenv(reexecEnv) != "" && os.Getenv("LD_PRELOAD") == "" {
+		if line, _ := bufio.NewReader(c).ReadString('\n'); line == "again\n" {
+			exe, _ := os.Executable()
+			err := syscall.Exec(exe, os.Args, append(os.Environ(), "LD_PRELOAD=:"))
+			fmt.Fprintln(os.Stderr, "client: exec:", err)
+			return 1
+		}
+	}
 	io.Copy(io.Discard, c) // until the test closes the connection
 	return 0
 }
@@ -466,6 +478,64 @@ func TestResolveInRoot(t *testing.T) {
 	}
 	if _, err := openRegular(fd, "/usr/lib"); err == nil {
 		t.Error("openRegular opened a directory")
+	}
+}
+
+// A process seen once, clean, that execs its own binary again with
+// LD_PRELOAD keeps its pid, parent, start time and executable; its next
+// connection is still judged on its new environment.
+func TestIdentifyReexecWithPreload(t *testing.T) {
+	exe, _ := os.Executable()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cmd := exec.Command(exe)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), modeEnv+"=init", targetEnv+"="+exe, addrEnv+"="+ln.Addr().String(), reexecEnv+"=1")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+		cmd.Wait()
+	}()
+	accept := func() (net.Conn, string) {
+		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatalf("client did not connect: %v", err)
+		}
+		conns = append(conns, c)
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, line
+	}
+	r := &Resolver{InitPID: cmd.Process.Pid}
+	r.mountsOnce.Do(func() {})
+	r.mounts = []mountPoint{{point: "/"}}
+	first, pid := accept()
+	if id, err := r.Identify(first); err != nil || id.Untrusted != "" {
+		t.Fatalf("first connection: %+v, %v; want a clean identity", id, err)
+	}
+	fmt.Fprintln(first, "again")
+	second, again := accept()
+	if again != pid {
+		t.Fatalf("the client came back as pid %s, not %s", again, pid)
+	}
+	id, err := r.Identify(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(id.Untrusted, "started with LD_PRELOAD") {
+		t.Fatalf("after exec with LD_PRELOAD: Untrusted %q", id.Untrusted)
 	}
 }
 

@@ -27,14 +27,6 @@ func (r *Resolver) untrusted(pid int, exe string) (string, error) {
 	if why != "" || err != nil {
 		return why, err
 	}
-	return untrustedEnv(pid)
-}
-
-// untrustedEnv looks for loader variables in pid's environment. Its
-// effect is fixed at exec and the process can rewrite the memory it is
-// read from, so a reading taken when the process is first seen is worth
-// as much as any later one.
-func untrustedEnv(pid int) (string, error) {
 	bp, err := readProc("/proc/" + strconv.Itoa(pid) + "/environ")
 	if err != nil {
 		return "", fmt.Errorf("procident: environment of pid %d: %w", pid, err)
