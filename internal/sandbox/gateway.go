@@ -139,6 +139,8 @@ func (g *Gateway) routesFailed(version int64, policyVersion int, err error) {
 	g.aud.Log(audit.PolicyReloadFailedEvent{Source: fmt.Sprintf("gateway:routes v%d", version), Version: policyVersion + 1, Error: err.Error()})
 }
 
+// gatewayRoutes reads the gateway's routes document as an
+// --inference-routes file is read.
 func gatewayRoutes(data []byte) (inference.Config, error) {
 	c, err := inference.ParseRoutes(data)
 	if err != nil {

@@ -158,9 +158,6 @@ func reap(workload int) (code, sig int, done bool) {
 	}
 }
 
-// setupCapture routes every packet of the namespace to corral's listeners
-// and hands those listeners to the supervisor, which serves them from the
-// host's network namespace.
 // awaitProceed reads the supervisor's next message, which must be
 // MsgProceed.
 func awaitProceed(sup *os.File) error {
@@ -177,6 +174,9 @@ func awaitProceed(sup *os.File) error {
 	return nil
 }
 
+// setupCapture routes every packet of the namespace to corral's listeners
+// and hands those listeners to the supervisor, which serves them from the
+// host's network namespace.
 func setupCapture(sup *os.File, c *plan.Capture) error {
 	l, err := capture.Setup(capture.Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort,
 		HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort})
