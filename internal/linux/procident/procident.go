@@ -131,16 +131,10 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 }
 
 // holders are the descriptors of the sandbox's processes that hold the
-// socket target. The init is not looked at: no workload socket can enter
-// its descriptor table (it receives descriptors from the supervisor only,
-// shares its table with no one, and refuses ptrace), and reading its ten
-// or so links cost every connection tens of microseconds.
+// socket target.
 func (r *Resolver) holders(target string, inode uint64) []fdRef {
 	var refs []fdRef
 	for pid := range r.members() {
-		if pid == r.InitPID {
-			continue
-		}
 		if fd := findFD(pid, target); fd >= 0 {
 			refs = append(refs, fdRef{pid: pid, fd: fd, inode: inode})
 		}
@@ -148,12 +142,20 @@ func (r *Resolver) holders(target string, inode uint64) []fdRef {
 	return refs
 }
 
-// members returns the sandbox's processes: InitPID and its descendants.
+// members returns the sandbox's processes that can hold a workload's
+// socket: InitPID's descendants. The init itself is left out: no workload
+// socket can enter its descriptor table (it receives descriptors from the
+// supervisor only, shares its table with no one, and refuses ptrace), and
+// reading its ten or so links cost every connection tens of microseconds.
 func (r *Resolver) members() map[int]bool {
+	var m map[int]bool
 	if r.Execs != nil {
-		return r.Execs.members(r.InitPID, descendants)
+		m = r.Execs.members(r.InitPID, descendants)
+	} else {
+		m = descendants(r.InitPID)
 	}
-	return descendants(r.InitPID)
+	delete(m, r.InitPID)
+	return m
 }
 
 // findFD returns the descriptor of pid that holds target, or -1. It looks

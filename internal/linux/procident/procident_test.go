@@ -481,6 +481,38 @@ func TestResolveInRoot(t *testing.T) {
 	}
 }
 
+// The init is never taken for the holder of a socket: no workload socket
+// can reach its descriptor table, so a connection only it holds is no
+// process's of the sandbox and is refused.
+func TestIdentifyNeverTheInit(t *testing.T) {
+	exe, _ := os.Executable()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// The "init" here is itself the client.
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), modeEnv+"=client", addrEnv+"="+ln.Addr().String())
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("client did not connect: %v", err)
+	}
+	defer func() { conn.Close(); cmd.Wait() }()
+	if _, err := bufio.NewReader(conn).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	r := &Resolver{InitPID: cmd.Process.Pid}
+	if id, err := r.Identify(conn); !errors.Is(err, egress.ErrProcessExited) {
+		t.Fatalf("Identify = %+v, %v; want no holder (ErrProcessExited)", id, err)
+	}
+}
+
 // A process seen once, clean, that execs its own binary again with
 // LD_PRELOAD keeps its pid, parent, start time and executable; its next
 // connection is still judged on its new environment.
