@@ -235,3 +235,35 @@ func requireNoSetID(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+// TestRememberedIdmapProbeFailsClosed: corral remembers that the workdir's
+// mount takes an idmapping. When that stops holding (a filesystem that
+// cannot be idmapped is mounted below the workdir since), the run fails
+// with the idmapped mount instead of starting with a workdir the workload
+// cannot write or one mounted without the mapping.
+func TestRememberedIdmapProbeFailsClosed(t *testing.T) {
+	requireRoot(t)
+	m := getMode(t, &rootMode)
+	fx, _, _ := ownedWorkdir(t, m)
+	r := runCorral(t, fx, runOpts{policy: workdirPolicy, args: []string{"/bin/sh", "-c", "touch made"}})
+	if r.code != 0 {
+		t.Fatalf("first run\n%s", r)
+	}
+	probes, err := os.ReadDir(filepath.Join(fx.state, "idmap-probes"))
+	if err != nil || len(probes) == 0 {
+		t.Fatalf("the workdir's successful probe was not remembered: %v", err)
+	}
+	sub := filepath.Join(fx.W, "proc")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// procfs refuses idmapped mounts; the workdir's tree now holds it.
+	if err := syscall.Mount("proc", sub, "proc", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(sub, syscall.MNT_DETACH) })
+	r = runCorral(t, fx, runOpts{policy: workdirPolicy, args: []string{"/bin/sh", "-c", "echo WORKLOAD RAN"}})
+	if r.code != 125 || strings.Contains(r.stdout, "WORKLOAD RAN") || !strings.Contains(r.stderr, "idmap") {
+		t.Fatalf("want the run to fail at the idmapped mount (exit 125) without running the workload\n%s", r)
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 type routeService struct{ s *Server }
 
+// checkRoutes reads routes YAML as an --inference-routes file is read.
 func checkRoutes(text string) error {
 	if _, err := inference.ParseRoutes([]byte(text)); err != nil {
 		return invalid("inference routes: %w", err)
