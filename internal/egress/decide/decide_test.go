@@ -285,6 +285,19 @@ func TestLiteralIP(t *testing.T) {
 	}
 }
 
+// A decision's allowed_ips are the policy's own, capped, so that an append
+// by a caller copies instead of writing into the policy.
+func TestAllowedIPsCannotBeAppendedInto(t *testing.T) {
+	p := &policy.Policy{Version: 1, NetworkPolicies: map[string]policy.NetworkPolicy{
+		"db": {Endpoints: []policy.Endpoint{{AllowedIPs: []string{"10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16"}, Port: 5432}}},
+	}}
+	e := mustNew(t, p, nil)
+	d := e.Decide(context.Background(), byIP("10.1.2.3", 5432, python3))
+	if !d.Allow || len(d.AllowedIPs) != 3 || cap(d.AllowedIPs) != 3 {
+		t.Fatalf("allowed %v, allowed_ips len %d cap %d; want allowed, 3 and 3", d.Allow, len(d.AllowedIPs), cap(d.AllowedIPs))
+	}
+}
+
 // A decision that allocates touches fresh memory, whose first use costs a
 // page fault: tens of microseconds on a VM, the tail of the latency.
 func TestAllowedDecisionAllocatesNothing(t *testing.T) {

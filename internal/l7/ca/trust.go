@@ -33,7 +33,8 @@ func HostTrust(getenv func(string) string) (bundle []byte, warnings []string, er
 		return nil, nil, err
 	}
 	// Hosts often point every one of these variables at the system bundle
-	// itself; reading it again for each cost a start milliseconds.
+	// itself; reading it again for each cost every proxy-mode start
+	// milliseconds.
 	systemInfo, _ := os.Stat(systemPath)
 	var seen map[string]bool
 	out := system
