@@ -481,63 +481,34 @@ func TestResolveInRoot(t *testing.T) {
 	}
 }
 
-// The init is never taken for the holder of a socket: no workload socket
-// can reach its descriptor table, so a connection only it holds is no
-// process's of the sandbox and is refused.
-func TestIdentifyNeverTheInit(t *testing.T) {
+// startTalking starts this test binary with env added, in a fresh
+// directory, and returns it with a function that accepts its next
+// connection and the line it sends first. Everything is closed and waited
+// for when the test ends.
+func startTalking(t *testing.T, env ...string) (*exec.Cmd, func() (net.Conn, string)) {
+	t.Helper()
 	exe, _ := os.Executable()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	// The "init" here is itself the client.
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), modeEnv+"=client", addrEnv+"="+ln.Addr().String())
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
-	conn, err := ln.Accept()
-	if err != nil {
-		t.Fatalf("client did not connect: %v", err)
-	}
-	defer func() { conn.Close(); cmd.Wait() }()
-	if _, err := bufio.NewReader(conn).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	r := &Resolver{InitPID: cmd.Process.Pid}
-	if id, err := r.Identify(conn); !errors.Is(err, egress.ErrProcessExited) {
-		t.Fatalf("Identify = %+v, %v; want no holder (ErrProcessExited)", id, err)
-	}
-}
-
-// A process seen once, clean, that execs its own binary again with
-// LD_PRELOAD keeps its pid, parent, start time and executable; its next
-// connection is still judged on its new environment.
-func TestIdentifyReexecWithPreload(t *testing.T) {
-	exe, _ := os.Executable()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	cmd := exec.Command(exe)
 	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), modeEnv+"=init", targetEnv+"="+exe, addrEnv+"="+ln.Addr().String(), reexecEnv+"=1")
+	cmd.Env = append(append(os.Environ(), addrEnv+"="+ln.Addr().String()), env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	var conns []net.Conn
-	defer func() {
+	t.Cleanup(func() {
+		ln.Close()
 		for _, c := range conns {
 			c.Close()
 		}
 		cmd.Wait()
-	}()
-	accept := func() (net.Conn, string) {
+	})
+	return cmd, func() (net.Conn, string) {
+		t.Helper()
 		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
 		c, err := ln.Accept()
 		if err != nil {
@@ -550,6 +521,27 @@ func TestIdentifyReexecWithPreload(t *testing.T) {
 		}
 		return c, line
 	}
+}
+
+// The init is never taken for the holder of a socket: no workload socket
+// can reach its descriptor table, so a connection only it holds is no
+// process's of the sandbox and is refused.
+func TestIdentifyNeverTheInit(t *testing.T) {
+	// The "init" here is itself the client.
+	cmd, accept := startTalking(t, modeEnv+"=client")
+	conn, _ := accept()
+	r := &Resolver{InitPID: cmd.Process.Pid}
+	if id, err := r.Identify(conn); !errors.Is(err, egress.ErrProcessExited) {
+		t.Fatalf("Identify = %+v, %v; want no holder (ErrProcessExited)", id, err)
+	}
+}
+
+// A process seen once, clean, that execs its own binary again with
+// LD_PRELOAD keeps its pid, parent, start time and executable; its next
+// connection is still judged on its new environment.
+func TestIdentifyReexecWithPreload(t *testing.T) {
+	exe, _ := os.Executable()
+	cmd, accept := startTalking(t, modeEnv+"=init", targetEnv+"="+exe, reexecEnv+"=1")
 	r := &Resolver{InitPID: cmd.Process.Pid}
 	r.mountsOnce.Do(func() {})
 	r.mounts = []mountPoint{{point: "/"}}
