@@ -18,7 +18,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/decide"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
-	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/planner"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
 )
@@ -95,7 +95,7 @@ and the network plan. Nothing is started.`,
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}
-			pl, err := plan.Build(planPol, plan.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, plan.LocalHost(orStateDir(stateDir)))
+			pl, err := planner.Build(planPol, planner.Context{Workdir: wd, StateDir: orStateDir(stateDir), ID: "<id>", Session: "default", Path: inheritedPath()}, planner.LocalHost(orStateDir(stateDir)))
 			if err != nil {
 				return &exitError{code: 2, err: err}
 			}

@@ -26,6 +26,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/planner"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
 	"github.com/corral-sandbox/corral/internal/reload"
@@ -257,7 +258,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	}
 	tr.Step("policy loaded")
 
-	host := plan.LocalHost(state)
+	host := planner.LocalHost(state)
 	swept, err := sandbox.Sweep(state, host.Cgroups)
 	for _, old := range swept {
 		log.Warn("removed state left by a sandbox whose supervisor died", "sandbox", old)
@@ -272,7 +273,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
 	}
-	pl, err := plan.Build(planPol, plan.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
+	pl, err := planner.Build(planPol, planner.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)

@@ -24,7 +24,7 @@ func (p *Plan) Summary(id string) string {
 	l := p.Limits
 	return fmt.Sprintf("cage[%s] fs=%s net=%s state=%s mem=%s pids=%s cpu=%s walltime=%s seccomp=%s landlock=abi%d user=%d:%d",
 		id, strings.Join(fs, ","), p.Network.Mode, p.State.Mode,
-		orNone(l.MemoryBytes > 0, formatBytes(l.MemoryBytes)),
+		orNone(l.MemoryBytes > 0, FormatBytes(l.MemoryBytes)),
 		orNone(l.Pids > 0, fmt.Sprint(l.Pids)),
 		orNone(l.CPUCores > 0, fmt.Sprint(l.CPUCores)),
 		orNone(l.WalltimeMS > 0, (time.Duration(l.WalltimeMS)*time.Millisecond).String()),
@@ -37,9 +37,9 @@ func sizeOpt(m Mount) string {
 	case m.SizeBytes == 0:
 		return ""
 	case m.Kind == KindDev:
-		return " shm size=" + formatBytes(m.SizeBytes)
+		return " shm size=" + FormatBytes(m.SizeBytes)
 	}
-	return " size=" + formatBytes(m.SizeBytes)
+	return " size=" + FormatBytes(m.SizeBytes)
 }
 
 func orNone(ok bool, s string) string {
@@ -49,7 +49,9 @@ func orNone(ok bool, s string) string {
 	return "none"
 }
 
-func formatBytes(n int64) string {
+// FormatBytes writes n in the largest binary unit that divides it exactly,
+// as limits are written in policies.
+func FormatBytes(n int64) string {
 	for _, u := range []struct {
 		size int64
 		name string

@@ -1,7 +1,8 @@
-// Package plan turns a policy and the facts of one host into the exact list
-// of things the sandbox will do. Building a plan is a pure function so that
-// `corral policy explain` shows precisely what `corral run` applies, and so
-// the whole translation is table- and snapshot-tested without root.
+// Package plan is the exact list of things one sandbox will do, as the
+// supervisor hands it to the init and as `corral policy explain` prints it.
+// It holds data only: the init links this package, and what builds a plan
+// from a policy (internal/planner) would bring the policy parser, YAML and
+// the HTTP stack into every sandbox's first exec.
 package plan
 
 import (

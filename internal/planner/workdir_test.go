@@ -1,4 +1,4 @@
-package plan
+package planner
 
 import (
 	"errors"
@@ -7,10 +7,11 @@ import (
 	"testing"
 
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
+	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
-func buildPlan(t *testing.T, src, workdir, path string, h Host) *Plan {
+func buildPlan(t *testing.T, src, workdir, path string, h Host) *plan.Plan {
 	t.Helper()
 	p := policy.Default()
 	if src != "" {
@@ -26,7 +27,7 @@ func buildPlan(t *testing.T, src, workdir, path string, h Host) *Plan {
 	return pl
 }
 
-func planMount(pl *Plan, target string) *Mount {
+func planMount(pl *plan.Plan, target string) *plan.Mount {
 	for i := range pl.Mounts {
 		if pl.Mounts[i].Target == target {
 			return &pl.Mounts[i]
@@ -128,14 +129,14 @@ func TestHomeEntries(t *testing.T) {
 			"/home/65534/.npmrc":     "/srv/npmrc", // a link outside every writable path is followed
 		} {
 			m := planMount(pl, target)
-			if m == nil || m.Kind != KindBind || m.Source != src || !m.ReadOnly || m.IDMap == nil || *m.IDMap != *asNobody {
+			if m == nil || m.Kind != plan.KindBind || m.Source != src || !m.ReadOnly || m.IDMap == nil || *m.IDMap != *asNobody {
 				t.Errorf("%s: got %+v, want a read-only bind of %s idmapped onto nobody", target, m, src)
 			}
 			if !slices.Contains(pl.Landlock.ReadOnly, target) {
 				t.Errorf("%s is not in Landlock's read-only list %v", target, pl.Landlock.ReadOnly)
 			}
 		}
-		if !slices.Contains(pl.Skipped, Skipped{Path: "/root/.cargo/env", Reason: "does not exist on this host"}) {
+		if !slices.Contains(pl.Skipped, plan.Skipped{Path: "/root/.cargo/env", Reason: "does not exist on this host"}) {
 			t.Errorf("missing entry not listed as skipped: %v", pl.Skipped)
 		}
 		// The home tmpfs comes first, so the entries land on top of it.
@@ -173,7 +174,7 @@ func TestHomeEntries(t *testing.T) {
 		if m := planMount(pl, "/home/ada/.gitconfig"); m != nil {
 			t.Errorf("mounted into a home that is the read-write workdir: %+v", m)
 		}
-		if !slices.ContainsFunc(pl.Skipped, func(s Skipped) bool {
+		if !slices.ContainsFunc(pl.Skipped, func(s plan.Skipped) bool {
 			return s.Path == "/root/.gitconfig" && strings.Contains(s.Reason, "not a private home")
 		}) {
 			t.Errorf("entries not listed as skipped: %v", pl.Skipped)
@@ -181,8 +182,8 @@ func TestHomeEntries(t *testing.T) {
 	})
 }
 
-func planMountIndex(pl *Plan, target string) int {
-	return slices.IndexFunc(pl.Mounts, func(m Mount) bool { return m.Target == target })
+func planMountIndex(pl *plan.Plan, target string) int {
+	return slices.IndexFunc(pl.Mounts, func(m plan.Mount) bool { return m.Target == target })
 }
 
 func TestPathFilter(t *testing.T) {

@@ -1,4 +1,8 @@
-package plan
+// Package planner turns a policy and the facts of one host into a plan.
+// Building a plan is a pure function so that `corral policy explain` shows
+// precisely what `corral run` applies, and so the whole translation is
+// table- and snapshot-tested without root.
+package planner
 
 import (
 	"errors"
@@ -16,6 +20,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp"
 	"github.com/corral-sandbox/corral/internal/pathwalk"
+	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
@@ -39,7 +44,7 @@ const nobody = 65534
 
 // Build computes the plan. It reads the host only through h, so the same
 // inputs always give the same plan.
-func Build(p *policy.Policy, c Context, h Host) (*Plan, error) {
+func Build(p *policy.Policy, c Context, h Host) (*plan.Plan, error) {
 	if !filepath.IsAbs(c.Workdir) || filepath.Clean(c.Workdir) != c.Workdir {
 		return nil, fmt.Errorf("workdir %q must be an absolute, clean path", c.Workdir)
 	}
@@ -51,7 +56,7 @@ func Build(p *policy.Policy, c Context, h Host) (*Plan, error) {
 	if p.IncludeWorkdir() && c.Workdir == "/" {
 		return nil, errors.New("the workdir is /, which cannot be mounted read-write; run from a project directory or set filesystem_policy.include_workdir: false")
 	}
-	b := &builder{p: p, c: c, h: h, pl: &Plan{
+	b := &builder{p: p, c: c, h: h, pl: &plan.Plan{
 		Caged:    !p.SandboxDisabled(),
 		Workdir:  c.Workdir,
 		Hostname: "corral-" + c.ID,
@@ -70,7 +75,7 @@ type builder struct {
 	p  *policy.Policy
 	c  Context
 	h  Host
-	pl *Plan
+	pl *plan.Plan
 	// places caches corralPlaces.
 	places []corralPlace
 }
@@ -166,7 +171,7 @@ func (b *builder) lookupUser(nameOrID string) (Account, error) {
 }
 
 // name fills the user name and a usable home directory.
-func (b *builder) name(u *User) {
+func (b *builder) name(u *plan.User) {
 	if u.Name == "" || u.Home == "" {
 		if a, err := b.h.Users.User(strconv.Itoa(int(u.UID))); err == nil {
 			u.Name, u.Home = a.Name, a.Home
@@ -189,21 +194,21 @@ func (b *builder) network() error {
 	}
 	switch mode {
 	case policy.ModeAllow:
-		b.pl.Network = Network{Mode: mode, Description: "host network, NO egress filtering"}
+		b.pl.Network = plan.Network{Mode: mode, Description: "host network, NO egress filtering"}
 		b.warn("network.mode is allow: the sandbox uses the host's network with no egress filtering")
 	case policy.ModeProxy:
 		ns = append(ns, "net")
 		cfg := capture.DefaultConfig
-		b.pl.Network = Network{
+		b.pl.Network = plan.Network{
 			Mode: mode,
 			Description: "private network namespace whose every TCP connection and DNS query is captured by corral's " +
 				"listeners and decided per host, port and binary; everything else is dropped",
-			Capture: &Capture{Addr: capture.Addr.String(), DNSPort: cfg.DNSPort, TransparentPort: cfg.TransparentPort,
+			Capture: &plan.Capture{Addr: capture.Addr.String(), DNSPort: cfg.DNSPort, TransparentPort: cfg.TransparentPort,
 				HTTPProxyPort: cfg.HTTPProxyPort, SOCKSPort: cfg.SOCKSPort, Rules: capture.Rules(cfg)},
 		}
 	default:
 		ns = append(ns, "net")
-		b.pl.Network = Network{Mode: mode, Description: "private network namespace with loopback only; inet sockets denied by seccomp"}
+		b.pl.Network = plan.Network{Mode: mode, Description: "private network namespace with loopback only; inet sockets denied by seccomp"}
 	}
 	b.pl.Namespaces = ns
 	if mode == policy.ModeProxy {
@@ -224,7 +229,7 @@ func (b *builder) network() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(b.p.Secrets)) {
 		sec := b.p.Secrets[name]
-		b.pl.Network.Secrets = append(b.pl.Network.Secrets, Secret{Name: name, Hosts: sec.Hosts, Headers: policy.SecretHeaders(sec)})
+		b.pl.Network.Secrets = append(b.pl.Network.Secrets, plan.Secret{Name: name, Hosts: sec.Hosts, Headers: policy.SecretHeaders(sec)})
 	}
 	return nil
 }
@@ -258,9 +263,9 @@ func (b *builder) mounts() error {
 	// Each writable tmpfs may hold at most the memory limit, so it is
 	// bounded even where no cgroup charges its pages to the sandbox.
 	size := b.p.Limits.MemoryBytes()
-	mounts := []Mount{
-		{Kind: KindProc, Target: "/proc", Why: "fresh procfs for the sandbox's pid namespace, read-only once set-up is done"},
-		{Kind: KindDev, Target: "/dev", SizeBytes: size, Why: "minimal devices: null zero full random urandom tty, private pts and shm"},
+	mounts := []plan.Mount{
+		{Kind: plan.KindProc, Target: "/proc", Why: "fresh procfs for the sandbox's pid namespace, read-only once set-up is done"},
+		{Kind: plan.KindDev, Target: "/dev", SizeBytes: size, Why: "minimal devices: null zero full random urandom tty, private pts and shm"},
 	}
 	targets := map[string]bool{}
 	for _, bd := range binds {
@@ -280,7 +285,7 @@ func (b *builder) mounts() error {
 			return err
 		}
 		targets[bd.path] = true
-		m := Mount{Kind: KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why}
+		m := plan.Mount{Kind: plan.KindBind, Source: src, Target: bd.path, ReadOnly: bd.readOnly, Why: bd.why}
 		if !bd.readOnly {
 			m.IDMap = b.writeAccess(bd.path, src)
 		}
@@ -288,10 +293,10 @@ func (b *builder) mounts() error {
 	}
 	u := b.pl.User
 	if !targets["/tmp"] {
-		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: "/tmp", SizeBytes: size, Mode: 0o1777, Why: "private /tmp"})
+		mounts = append(mounts, plan.Mount{Kind: plan.KindTmpfs, Target: "/tmp", SizeBytes: size, Mode: 0o1777, Why: "private /tmp"})
 	}
 	if !underAny(u.Home, targets) && !under(u.Home, []string{"/tmp"}) {
-		mounts = append(mounts, Mount{Kind: KindTmpfs, Target: u.Home, SizeBytes: size, Mode: 0o700, UID: u.UID, GID: u.GID,
+		mounts = append(mounts, plan.Mount{Kind: plan.KindTmpfs, Target: u.Home, SizeBytes: size, Mode: 0o700, UID: u.UID, GID: u.GID,
 			Why: "private, empty home directory"})
 		if err := b.homeEntries(&mounts, writable); err != nil {
 			return err
@@ -306,10 +311,10 @@ func (b *builder) mounts() error {
 		if st == policy.StateScratch {
 			dir = statedir.Session(b.c.StateDir, b.c.Session)
 		}
-		b.pl.State = State{Mode: st, HostDir: dir}
-		mounts = append(mounts, Mount{Kind: KindBind, Source: dir, Target: "/scratch", Why: "state: " + st})
+		b.pl.State = plan.State{Mode: st, HostDir: dir}
+		mounts = append(mounts, plan.Mount{Kind: plan.KindBind, Source: dir, Target: "/scratch", Why: "state: " + st})
 	} else {
-		b.pl.State = State{Mode: "none"}
+		b.pl.State = plan.State{Mode: "none"}
 	}
 	if b.pl.Network.Capture != nil {
 		b.resolvConf(&mounts)
@@ -321,7 +326,7 @@ func (b *builder) mounts() error {
 		return err
 	}
 	// Parents before children, so /home/u/proj lands on top of /home/u.
-	slices.SortStableFunc(mounts, func(x, y Mount) int {
+	slices.SortStableFunc(mounts, func(x, y plan.Mount) int {
 		if d := depth(x.Target) - depth(y.Target); d != 0 {
 			return d
 		}
@@ -334,35 +339,35 @@ func (b *builder) mounts() error {
 // resolvConf points the sandbox's resolver at the capture address. Queries
 // to any other server are captured too, so when the host's file cannot be
 // covered (it is a symlink, e.g. to systemd-resolved's stub) nothing breaks.
-func (b *builder) resolvConf(mounts *[]Mount) {
+func (b *builder) resolvConf(mounts *[]plan.Mount) {
 	const target = "/etc/resolv.conf"
 	if fi, err := b.h.FS.Lstat(target); err == nil && fi.Type == TypeSymlink {
 		b.skip(target, "the host's file is a symlink; DNS to any server is captured anyway")
 		return
 	}
-	*mounts = append(*mounts, Mount{Kind: KindBind, Source: statedir.ResolvConf(b.c.StateDir, b.c.ID), Target: target,
+	*mounts = append(*mounts, plan.Mount{Kind: plan.KindBind, Source: statedir.ResolvConf(b.c.StateDir, b.c.ID), Target: target,
 		ReadOnly: true, Why: "resolver at the capture address"})
 }
 
 // caBundle mounts the directory holding the sandbox CA and covers each
 // system CA bundle the sandbox can see with the combined one.
-func (b *builder) caBundle(mounts *[]Mount, targets map[string]bool) error {
+func (b *builder) caBundle(mounts *[]plan.Mount, targets map[string]bool) error {
 	for t := range targets {
-		if under(TLSDir, []string{t}) {
-			return fmt.Errorf("filesystem_policy lists %s, which would hold corral's CA directory %s in proxy mode; list narrower paths", t, TLSDir)
+		if under(plan.TLSDir, []string{t}) {
+			return fmt.Errorf("filesystem_policy lists %s, which would hold corral's CA directory %s in proxy mode; list narrower paths", t, plan.TLSDir)
 		}
 	}
 	dir := statedir.TLS(b.c.StateDir, b.c.ID)
-	*mounts = append(*mounts, Mount{Kind: KindBind, Source: dir, Target: TLSDir, ReadOnly: true,
+	*mounts = append(*mounts, plan.Mount{Kind: plan.KindBind, Source: dir, Target: plan.TLSDir, ReadOnly: true,
 		Why: "sandbox CA for TLS inspection, alone and with the system roots"})
-	for _, sys := range SystemBundles {
+	for _, sys := range plan.SystemBundles {
 		if !underAny(sys, targets) {
 			continue
 		}
 		if fi, err := b.h.FS.Lstat(sys); err != nil || fi.Type != TypeFile {
 			continue
 		}
-		*mounts = append(*mounts, Mount{Kind: KindBind, Source: filepath.Join(dir, "ca-bundle.pem"), Target: sys, ReadOnly: true,
+		*mounts = append(*mounts, plan.Mount{Kind: plan.KindBind, Source: filepath.Join(dir, "ca-bundle.pem"), Target: sys, ReadOnly: true,
 			Why: "system CA bundle replaced by system roots + sandbox CA"})
 	}
 	return nil
@@ -370,14 +375,14 @@ func (b *builder) caBundle(mounts *[]Mount, targets map[string]bool) error {
 
 // secretFilesHidden refuses a masked secret whose file the sandbox could
 // read: the workload would hold the real value, not the surrogate.
-func (b *builder) secretFilesHidden(mounts []Mount) error {
+func (b *builder) secretFilesHidden(mounts []plan.Mount) error {
 	for _, name := range slices.Sorted(maps.Keys(b.p.Secrets)) {
 		file := b.p.Secrets[name].FromFile
 		if file == "" {
 			continue
 		}
 		for _, m := range mounts {
-			if m.Kind == KindBind && (under(file, []string{m.Target}) || under(file, []string{m.Source})) {
+			if m.Kind == plan.KindBind && (under(file, []string{m.Target}) || under(file, []string{m.Source})) {
 				return fmt.Errorf("secrets.%s.from_file %s is inside %s, which the sandbox mounts (%s): the workload could read the real value; keep the file outside every path the policy exposes",
 					name, file, m.Target, m.Why)
 			}
@@ -387,7 +392,7 @@ func (b *builder) secretFilesHidden(mounts []Mount) error {
 }
 
 func (b *builder) skip(path, reason string) {
-	b.pl.Skipped = append(b.pl.Skipped, Skipped{Path: path, Reason: reason})
+	b.pl.Skipped = append(b.pl.Skipped, plan.Skipped{Path: path, Reason: reason})
 }
 
 // skipUnresolved records a policy path that resolve refused or could not
@@ -411,7 +416,7 @@ func (b *builder) skipUnresolved(path string, err error) {
 // planted in a writable directory is refused. An entry owned by someone
 // other than the workload's user is idmapped onto it where possible, so
 // a 0600 ~/.npmrc of root's is readable by the unprivileged workload.
-func (b *builder) homeEntries(mounts *[]Mount, writable []string) error {
+func (b *builder) homeEntries(mounts *[]plan.Mount, writable []string) error {
 	u := b.pl.User
 	for _, e := range b.p.FilesystemPolicy.Home {
 		if b.h.Home == "" {
@@ -427,7 +432,7 @@ func (b *builder) homeEntries(mounts *[]Mount, writable []string) error {
 		if err := b.keepsCorralOut(host, src, "filesystem_policy.home"); err != nil {
 			return err
 		}
-		m := Mount{Kind: KindBind, Source: src, Target: filepath.Join(u.Home, e), ReadOnly: true, Why: "filesystem_policy.home"}
+		m := plan.Mount{Kind: plan.KindBind, Source: src, Target: filepath.Join(u.Home, e), ReadOnly: true, Why: "filesystem_policy.home"}
 		if fi, err := b.h.FS.Lstat(src); err == nil && fi.UID != u.UID {
 			mp := idmap.Mapping{DiskUID: fi.UID, DiskGID: fi.GID, UID: u.UID, GID: u.GID}
 			if b.idmapRefusal(src, mp, false) == "" {
@@ -526,7 +531,7 @@ func (b *builder) writeAccess(path, src string) *idmap.Mapping {
 	return nil
 }
 
-func canWrite(fi FileInfo, u User) bool {
+func canWrite(fi FileInfo, u plan.User) bool {
 	switch {
 	case fi.UID == u.UID:
 		return fi.Perm&0o200 != 0
@@ -583,7 +588,7 @@ func (b *builder) path() error {
 // directories of the host. A symlink on the host counts as existing: where
 // it leads inside is not worth guessing.
 func (b *builder) mayExistInside(dir string) bool {
-	var cover *Mount
+	var cover *plan.Mount
 	for i := range b.pl.Mounts {
 		m := &b.pl.Mounts[i]
 		if under(m.Target, []string{dir}) {
@@ -594,9 +599,9 @@ func (b *builder) mayExistInside(dir string) bool {
 		}
 	}
 	switch {
-	case cover == nil || cover.Kind == KindProc || cover.Kind == KindDev:
+	case cover == nil || cover.Kind == plan.KindProc || cover.Kind == plan.KindDev:
 		return false
-	case cover.Kind == KindTmpfs || !cover.ReadOnly:
+	case cover.Kind == plan.KindTmpfs || !cover.ReadOnly:
 		return true
 	}
 	fi, err := b.h.FS.Lstat(filepath.Join(cover.Source, strings.TrimPrefix(dir, cover.Target)))
@@ -604,13 +609,13 @@ func (b *builder) mayExistInside(dir string) bool {
 }
 
 func (b *builder) landlock() error {
-	ll := Landlock{Compatibility: policy.LandlockBestEffort, ABI: b.h.LandlockABI, ListOnly: []string{"/"}}
+	ll := plan.Landlock{Compatibility: policy.LandlockBestEffort, ABI: b.h.LandlockABI, ListOnly: []string{"/"}}
 	if b.p.LandlockHard() {
 		ll.Compatibility = policy.LandlockHardRequirement
 	}
 	for _, m := range b.pl.Mounts {
 		switch {
-		case m.Kind == KindBind && m.ReadOnly:
+		case m.Kind == plan.KindBind && m.ReadOnly:
 			ll.ReadOnly = append(ll.ReadOnly, m.Target)
 		default:
 			ll.ReadWrite = append(ll.ReadWrite, m.Target)
@@ -632,23 +637,23 @@ func (b *builder) seccomp() error {
 	if err != nil {
 		return fmt.Errorf("seccomp profile %s: %w", profile, err)
 	}
-	s := Seccomp{Profile: profile, NetMode: b.pl.Network.Mode}
+	s := plan.Seccomp{Profile: profile, NetMode: b.pl.Network.Mode}
 	for _, r := range rules {
-		s.Rules = append(s.Rules, SeccompRule{Syscalls: r.Syscalls, Action: r.Action, Condition: r.Condition, Reason: r.Reason})
+		s.Rules = append(s.Rules, plan.SeccompRule{Syscalls: r.Syscalls, Action: r.Action, Condition: r.Condition, Reason: r.Reason})
 	}
 	b.pl.Seccomp = s
 	return nil
 }
 
-// TunnelIdle closes a proxied connection that carried nothing either way
+// tunnelIdle closes a proxied connection that carried nothing either way
 // for this long, so forgotten connections do not hold the supervisor's
 // descriptors for the sandbox's whole life. Long enough for an idle
 // interactive session; clients that stay connected longer send keep-alives.
-const TunnelIdle = 15 * time.Minute
+const tunnelIdle = 15 * time.Minute
 
 func (b *builder) limits() error {
 	pl := b.p.Limits
-	l := Limits{
+	l := plan.Limits{
 		MemoryBytes: pl.MemoryBytes(),
 		Pids:        int64(pl.PidsMax()),
 		CPUCores:    pl.CPUCores(),
@@ -664,12 +669,12 @@ func (b *builder) limits() error {
 		}
 	}
 	if l.MemoryBytes > 0 {
-		l.Enforcement = append(l.Enforcement, fmt.Sprintf("tmpfs /tmp, home, /dev/shm → size=%s each, with or without cgroups", formatBytes(l.MemoryBytes)))
+		l.Enforcement = append(l.Enforcement, fmt.Sprintf("tmpfs /tmp, home, /dev/shm → size=%s each, with or without cgroups", plan.FormatBytes(l.MemoryBytes)))
 	}
 	if b.pl.Network.Capture != nil {
 		l.Connections = int64(pl.ConnectionsMax())
-		l.TunnelIdleMS = TunnelIdle.Milliseconds()
-		l.Enforcement = append(l.Enforcement, fmt.Sprintf("connections %d → supervisor: more at once are refused (HTTP 429, SOCKS5 general failure, TCP reset); a tunnel idle for %s is closed", l.Connections, strings.TrimSuffix(TunnelIdle.String(), "0s")))
+		l.TunnelIdleMS = tunnelIdle.Milliseconds()
+		l.Enforcement = append(l.Enforcement, fmt.Sprintf("connections %d → supervisor: more at once are refused (HTTP 429, SOCKS5 general failure, TCP reset); a tunnel idle for %s is closed", l.Connections, strings.TrimSuffix(tunnelIdle.String(), "0s")))
 	}
 	if w := pl.WalltimeDuration(); w > 0 {
 		l.Enforcement = append(l.Enforcement, fmt.Sprintf("walltime %s → watchdog: SIGTERM, %s grace, SIGKILL, exit 124", w, 5*time.Second))
