@@ -169,6 +169,8 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		tr = trace.New(cmd.ErrOrStderr())
 	}
 	tr.Step("corral started (exec, Go runtime, flags)")
+	resumeGC := pauseGC()
+	defer resumeGC()
 	log, err := newLogger(cmd.ErrOrStderr(), f.logLevel)
 	if err != nil {
 		return setupFailed(err)
@@ -374,6 +376,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
+		Running: func() { time.AfterFunc(collectAfterStart, resumeGC) },
 	})
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}

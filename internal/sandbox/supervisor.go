@@ -87,6 +87,8 @@ type Options struct {
 	// AdvisorProbe lets the advisor resolve refused names outside learn
 	// mode (--advisor-probe).
 	AdvisorProbe bool
+	// Running, when set, is called once the workload runs, set-up over.
+	Running func()
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
@@ -314,6 +316,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	}
 	s.phase("workload running")
 	s.Trace.Step("workload running")
+	if s.Running != nil {
+		s.Running()
+	}
 	s.Audit.Log(audit.SandboxStartEvent{
 		Summary:        s.Plan.Summary(s.ID),
 		PolicySHA256:   s.PolicySHA,

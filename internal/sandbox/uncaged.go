@@ -34,6 +34,9 @@ func runUncaged(ctx context.Context, o Options, sigs <-chan os.Signal) (int, err
 		o.Audit.Log(audit.SandboxExitEvent{Code: code, DurationMS: time.Since(start).Milliseconds()})
 		return code, err
 	}
+	if o.Running != nil {
+		o.Running()
+	}
 	o.Audit.Log(audit.SandboxStartUncagedEvent{Reason: o.UncagedReason, PolicySHA256: o.PolicySHA,
 		PID: cmd.Process.Pid, Argv: o.Argv, Workdir: o.Plan.Workdir})
 
