@@ -175,6 +175,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if err != nil {
 		return setupFailed(err)
 	}
+	defer startCPUProfile(func(msg string) { log.Warn(msg) })()
 	if !validSession(f.session) {
 		return setupFailed(fmt.Errorf("--session %q: use 1-64 letters, digits, '.', '_' or '-'", f.session))
 	}
@@ -376,7 +377,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
-		Running: func() { time.AfterFunc(collectAfterStart, resumeGC) },
+		Running: resumeGC,
 	})
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}
