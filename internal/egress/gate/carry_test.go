@@ -1,11 +1,14 @@
 package gate_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -237,5 +240,78 @@ func TestCarryHTTPStaysGuarded(t *testing.T) {
 	}
 	if b := <-got; bytes.Contains(b, []byte("evil.test")) || !bytes.Contains(b, []byte("GET /1 ")) {
 		t.Fatalf("upstream got %q", b)
+	}
+}
+
+// A large response body is spliced past the guard, and the guard still
+// knows where the next response starts: a later request for another host
+// on the same connection is refused, and a WebSocket the server accepts
+// after such a body is still recognised (its frames then pass unchecked).
+func TestCarryHTTPLargeBodyStaysGuarded(t *testing.T) {
+	const size = 4 << 20
+	body := bytes.Repeat([]byte("HTTP/1.1 101 Switching Protocols\r\n"), size/34+1)[:size]
+	for _, tc := range []struct {
+		name, second string
+		upgraded     bool
+	}{
+		{"fronted", "GET /2 HTTP/1.1\r\nHost: evil.test\r\n\r\n", false},
+		{"websocket", "GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make(chan string, 4)
+			client, done := carryTo(t, egress.Request{Host: "a.test", Port: 80}, func(c net.Conn) {
+				br := bufio.NewReader(c)
+				if req, err := http.ReadRequest(br); err == nil {
+					got <- req.Host + req.URL.Path
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+					c.Write(body)
+				}
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				got <- req.Host + req.URL.Path
+				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+				frame, _ := br.ReadString('\n')
+				got <- "frame " + frame
+			})
+			client.Write([]byte("GET /1 HTTP/1.1\r\nHost: a.test\r\n\r\n"))
+			br := bufio.NewReader(client)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := io.ReadAll(resp.Body); !bytes.Equal(b, body) {
+				t.Fatalf("the client got %d body bytes, not the %d sent", len(b), size)
+			}
+			client.Write([]byte(tc.second))
+			if !tc.upgraded {
+				select {
+				case <-done:
+				case <-time.After(5 * time.Second):
+					t.Fatal("a request for another host is being carried")
+				}
+				if g := <-got; g != "a.test/1" || len(got) != 0 {
+					t.Fatalf("upstream got %q and %d more", g, len(got))
+				}
+				return
+			}
+			if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("upgrade: %v %v", resp, err)
+			}
+			// Not a request: only an upgrade the guard saw accepted lets
+			// it through.
+			client.Write([]byte("\x81\x05hello\n"))
+			for _, want := range []string{"a.test/1", "a.test/ws", "frame \x81\x05hello\n"} {
+				select {
+				case g := <-got:
+					if g != want {
+						t.Fatalf("upstream got %q, want %q", g, want)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("upstream never got %q", want)
+				}
+			}
+		})
 	}
 }

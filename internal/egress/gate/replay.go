@@ -31,3 +31,9 @@ func (p *replayed) CloseWrite() error {
 	}
 	return nil
 }
+
+// Unwatched, Skipped and Raw let the relay splice what is written to the
+// client (relay.Watched): only reads are replayed.
+func (p *replayed) Unwatched() int64 { return -1 }
+func (p *replayed) Skipped(int64)    {}
+func (p *replayed) Raw() net.Conn    { return p.Conn }

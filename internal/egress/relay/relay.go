@@ -64,12 +64,32 @@ func Relay(a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
 	return aToB, bToA, err
 }
 
+// Watched is a destination that must see some of the bytes written to it
+// (a guarded HTTP connection following the server's responses) and can
+// say how many of the next ones it need not see: the rest of a body whose
+// length the framing gave, say. The relay splices those straight to Raw.
+type Watched interface {
+	net.Conn
+	// Unwatched is how many of the next bytes may go to Raw without
+	// Write: 0 when the next ones must be written through, a negative
+	// number when none ever need to be again.
+	Unwatched() int64
+	// Skipped tells it that n bytes (at most Unwatched) went to Raw.
+	Skipped(n int64)
+	// Raw is the connection Write writes to.
+	Raw() net.Conn
+}
+
+// minSkip is the least a splice is worth: below it one copy through user
+// space costs fewer calls than making and closing a pipe.
+const minSkip = 64 << 10
+
 // pipe copies src to dst and then passes src's EOF on to dst.
 func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
 	var n int64
 	var err error
 	if d, s, ok := sockets(dst, src); ok {
-		n, err = spliceCopy(d, s, idle, last)
+		n, err = spliceCopy(d, s, -1, idle, last)
 		if errors.Is(err, errNoPipe) {
 			// Out of descriptors for a pipe: the tunnel still works,
 			// through user space.
@@ -77,6 +97,8 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 			m, err = copyLoop(dst, src, idle, last)
 			n += m
 		}
+	} else if w, ok := dst.(Watched); ok {
+		n, err = watchedCopy(w, src, idle, last)
 	} else {
 		n, err = copyLoop(dst, src, idle, last)
 	}
@@ -89,6 +111,39 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		}
 	}
 	return n, nil
+}
+
+// watchedCopy copies src to dst, writing through dst what it must see and
+// splicing the rest straight to its raw connection.
+func watchedCopy(dst Watched, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	raw, s, canSplice := sockets(dst.Raw(), src)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	var n int64
+	for {
+		if skip := dst.Unwatched(); canSplice && (skip < 0 || skip >= minSkip) {
+			m, err := spliceCopy(raw, s, skip, idle, last)
+			n += m
+			if skip >= 0 {
+				dst.Skipped(m)
+			}
+			switch {
+			case errors.Is(err, errNoPipe):
+				// Out of descriptors: through user space from here.
+				canSplice = false
+				continue
+			case err != nil, skip < 0, m < skip:
+				// An error, or EOF from src.
+				return n, err
+			}
+			continue
+		}
+		m, eof, err := copyOnce(dst, src, *bp, idle, last)
+		n += int64(m)
+		if err != nil || eof {
+			return n, err
+		}
+	}
 }
 
 // copyLoop copies src to dst through a buffer.
@@ -110,37 +165,52 @@ func copyLoop(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64,
 func copyIdle(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
-	buf := *bp
 	var n int64
 	for {
-		if err := src.SetReadDeadline(time.Now().Add(idle)); err != nil {
+		m, eof, err := copyOnce(dst, src, *bp, idle, last)
+		n += int64(m)
+		if err != nil || eof {
 			return n, err
 		}
-		nr, rerr := src.Read(buf)
-		if nr > 0 {
-			last.Store(time.Now().UnixNano())
+	}
+}
+
+// copyOnce moves what one read of src returns to dst, with copyIdle's
+// deadlines when idle > 0. eof reports that src has ended.
+func copyOnce(dst, src net.Conn, buf []byte, idle time.Duration, last *atomic.Int64) (n int, eof bool, err error) {
+	if idle > 0 {
+		if err := src.SetReadDeadline(time.Now().Add(idle)); err != nil {
+			return 0, false, err
+		}
+	}
+	nr, rerr := src.Read(buf)
+	if nr > 0 {
+		last.Store(time.Now().UnixNano())
+		if idle > 0 {
 			if err := dst.SetWriteDeadline(time.Now().Add(idle)); err != nil {
-				return n, err
-			}
-			nw, werr := dst.Write(buf[:nr])
-			n += int64(nw)
-			if werr != nil {
-				if errors.Is(werr, os.ErrDeadlineExceeded) {
-					return n, ErrIdle
-				}
-				return n, werr
+				return 0, false, err
 			}
 		}
-		switch {
-		case rerr == nil:
-		case errors.Is(rerr, io.EOF):
-			return n, nil
-		case errors.Is(rerr, os.ErrDeadlineExceeded):
-			if time.Since(time.Unix(0, last.Load())) >= idle {
-				return n, ErrIdle
+		nw, werr := dst.Write(buf[:nr])
+		if werr != nil {
+			if errors.Is(werr, os.ErrDeadlineExceeded) {
+				return nw, false, ErrIdle
 			}
-		default:
-			return n, rerr
+			return nw, false, werr
 		}
+		n = nw
+	}
+	switch {
+	case rerr == nil:
+		return n, false, nil
+	case errors.Is(rerr, io.EOF):
+		return n, true, nil
+	case errors.Is(rerr, os.ErrDeadlineExceeded):
+		if time.Since(time.Unix(0, last.Load())) >= idle {
+			return n, false, ErrIdle
+		}
+		return n, false, nil
+	default:
+		return n, false, rerr
 	}
 }

@@ -32,7 +32,9 @@ func sockets(dst, src net.Conn) (d, s *net.TCPConn, ok bool) {
 // spliceCopy moves src's bytes to dst through a pipe with splice(2), with
 // the copy loops' semantics: n counts bytes written to dst, EOF ends it
 // with nil, idle > 0 bounds how long a read may wait while the other
-// direction is quiet too and how long a write may wait at all.
+// direction is quiet too and how long a write may wait at all. limit >= 0
+// ends it with nil once that many bytes have moved (n < limit then means
+// EOF came first); a negative limit moves everything until EOF.
 //
 // The pipe exists only while bytes are in flight: it is made when src has
 // data and closed as soon as src has none, so an idle tunnel holds no more
@@ -42,7 +44,7 @@ func sockets(dst, src net.Conn) (d, s *net.TCPConn, ok bool) {
 // a pool only the garbage collector empties. Keeping the pipe across short
 // gaps between bursts saved no measurable CPU with curl through the
 // transparent path, so the simpler rule stays.
-func spliceCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (int64, error) {
+func spliceCopy(dst, src *net.TCPConn, limit int64, idle time.Duration, last *atomic.Int64) (int64, error) {
 	rs, err := src.SyscallConn()
 	if err != nil {
 		return 0, fmt.Errorf("relay: %w", err)
@@ -54,16 +56,20 @@ func spliceCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (
 	p := &spliceSession{}
 	defer p.close()
 	var n int64
-	for {
+	for limit < 0 || n < limit {
 		if idle > 0 {
 			if err := src.SetReadDeadline(time.Now().Add(idle)); err != nil {
 				return n, err
 			}
 		}
+		want := spliceChunk
+		if limit >= 0 {
+			want = int(min(limit-n, spliceChunk))
+		}
 		var nr int
 		var serr error
 		rerr := rs.Read(func(fd uintptr) bool {
-			nr, serr = p.fill(int(fd))
+			nr, serr = p.fill(int(fd), want)
 			return !errors.Is(serr, unix.EAGAIN)
 		})
 		switch {
@@ -108,6 +114,7 @@ func spliceCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (
 			}
 		}
 	}
+	return n, nil
 }
 
 // spliceSession is one direction's pipe, open only while bytes are in it.
@@ -116,10 +123,10 @@ type spliceSession struct {
 	open bool
 }
 
-// fill splices what src has into the pipe, making the pipe first if src
-// has data or its EOF. When src has nothing the (then empty) pipe is
-// closed before waiting.
-func (p *spliceSession) fill(src int) (int, error) {
+// fill splices up to max of what src has into the pipe, making the pipe
+// first if src has data or its EOF. When src has nothing the (then empty)
+// pipe is closed before waiting.
+func (p *spliceSession) fill(src, max int) (int, error) {
 	if !p.open {
 		// A peek costs one call where making and closing a pipe for
 		// nothing would cost four.
@@ -137,7 +144,7 @@ func (p *spliceSession) fill(src int) (int, error) {
 		_, _ = unix.FcntlInt(uintptr(p.w), unix.F_SETPIPE_SZ, spliceChunk)
 	}
 	for {
-		n, err := unix.Splice(src, nil, p.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		n, err := unix.Splice(src, nil, p.w, nil, max, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}

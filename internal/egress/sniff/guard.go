@@ -148,6 +148,33 @@ func (g *guarded) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// Unwatched is how many of the server's next bytes the guard need not see
+// (relay.Watched): body bytes pass through the kernel, heads through
+// Write. Until the opening is checked every byte must be seen.
+func (g *guarded) Unwatched() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch g.watch {
+	case watchHTTP:
+		return g.resp.unwatched()
+	case watchNone:
+		return -1
+	}
+	return 0
+}
+
+// Skipped records n server bytes that reached the client without Write.
+func (g *guarded) Skipped(n int64) {
+	g.mu.Lock()
+	if g.watch == watchHTTP {
+		g.resp.skip(n)
+	}
+	g.mu.Unlock()
+}
+
+// Raw is the client connection Write writes to.
+func (g *guarded) Raw() net.Conn { return g.Conn }
+
 // CloseWrite keeps half-close working through the wrapper. The relay
 // calls it when the server has finished, so nothing still waiting will be
 // answered.

@@ -106,15 +106,7 @@ func (r *responses) feed(p []byte) {
 		case stBody, stChunkData:
 			n := min(int64(len(p)), r.remain)
 			p = p[n:]
-			r.remain -= n
-			if r.remain > 0 {
-				continue
-			}
-			if r.state == stBody {
-				r.state = stStatus
-			} else {
-				r.state = stChunkEnd
-			}
+			r.skip(n)
 		default:
 			chunk, rest, found := bytes.Cut(p, []byte{'\n'})
 			p = rest
@@ -141,6 +133,37 @@ func (r *responses) feed(p []byte) {
 			r.onLine(line)
 			r.line = r.line[:0]
 		}
+	}
+}
+
+// unwatched is how many of the server's next bytes need not be looked at:
+// what is left of a body or chunk whose length the framing gave, or, once
+// nothing is followed any more (the stream could not be followed, a
+// WebSocket was accepted, a body runs until the connection ends), all of
+// them, shown as -1. 0 means the next bytes must be fed.
+func (r *responses) unwatched() int64 {
+	switch {
+	case r.err != nil, r.switched, r.state == stUntilClose:
+		return -1
+	case r.state == stBody, r.state == stChunkData:
+		return r.remain
+	}
+	return 0
+}
+
+// skip takes n body bytes, at most unwatched(), as feed would have.
+func (r *responses) skip(n int64) {
+	if r.state != stBody && r.state != stChunkData {
+		return
+	}
+	r.remain -= n
+	if r.remain > 0 {
+		return
+	}
+	if r.state == stBody {
+		r.state = stStatus
+	} else {
+		r.state = stChunkEnd
 	}
 }
 

@@ -45,13 +45,20 @@ func TestResponsesFollowFraming(t *testing.T) {
 			for _, ex := range tt.reqs {
 				r.expect(ex)
 			}
-			for s := tt.stream; s != ""; {
-				n := min(step, len(s))
-				r.feed([]byte(s[:n]))
-				s = s[n:]
-			}
+			follow(r, []byte(tt.stream), step, false)
 			if !slices.Equal(told, tt.want) {
 				t.Errorf("%s (fed %d bytes at a time): told %v, want %v", tt.name, step, told, tt.want)
+			}
+			// Letting the relay splice what unwatched allows changes
+			// nothing the follower concludes.
+			var toldSkipping []bool
+			rs := &responses{outcome: func(a bool) { toldSkipping = append(toldSkipping, a) }}
+			for _, ex := range tt.reqs {
+				rs.expect(ex)
+			}
+			follow(rs, []byte(tt.stream), step, true)
+			if !slices.Equal(toldSkipping, tt.want) {
+				t.Errorf("%s (fed %d bytes at a time, bodies skipped): told %v, want %v", tt.name, step, toldSkipping, tt.want)
 			}
 			// Whatever is still waiting is refused when the server ends.
 			r.end()
@@ -74,23 +81,22 @@ func FuzzResponses(f *testing.F) {
 		for i := range reqs {
 			reqs[i] = exchange{method: "GET", websocket: i == int(wsAt%3)}
 		}
-		run := func(step int) []bool {
+		run := func(step int, skipping bool) []bool {
 			var told []bool
 			r := &responses{outcome: func(a bool) { told = append(told, a) }}
 			for _, ex := range reqs {
 				r.expect(ex)
 			}
-			for s := stream; len(s) > 0; {
-				n := min(step, len(s))
-				r.feed(s[:n])
-				s = s[n:]
-			}
+			follow(r, stream, step, skipping)
 			r.end()
 			return told
 		}
-		whole := run(len(stream) + 1)
-		if split := run(int(step%16) + 1); !slices.Equal(whole, split) {
+		whole := run(len(stream)+1, false)
+		if split := run(int(step%16)+1, false); !slices.Equal(whole, split) {
 			t.Fatalf("fed whole: %v, fed %d bytes at a time: %v", whole, step%16+1, split)
+		}
+		if skipped := run(int(step%16)+1, true); !slices.Equal(whole, skipped) {
+			t.Fatalf("fed whole: %v, with bodies skipped: %v", whole, skipped)
 		}
 		if len(whole) > 1 {
 			t.Fatalf("one WebSocket request was answered %d times", len(whole))
@@ -99,4 +105,27 @@ func FuzzResponses(f *testing.F) {
 			t.Fatalf("a WebSocket was granted without a 101 in %q", stream)
 		}
 	})
+}
+
+// follow gives r the server's stream step bytes at a time. skipping does
+// what the relay does: bytes unwatched allows are skipped, not fed, and
+// once it allows everything the rest is never shown.
+func follow(r *responses, stream []byte, step int, skipping bool) {
+	for len(stream) > 0 {
+		if skipping {
+			u := r.unwatched()
+			if u < 0 {
+				return
+			}
+			if u > 0 {
+				n := min(u, int64(len(stream)))
+				r.skip(n)
+				stream = stream[n:]
+				continue
+			}
+		}
+		n := min(step, len(stream))
+		r.feed(stream[:n])
+		stream = stream[n:]
+	}
 }
