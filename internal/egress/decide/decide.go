@@ -127,9 +127,8 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/open-policy-agent/opa/topdown"
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/metrics"
-	"github.com/open-policy-agent/opa/v1/rego"
 )
 
 //go:embed policy.rego
@@ -239,7 +238,7 @@ func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTP
 	} else {
 		in := inputTerms(host, addrString(addr), int(r.Port), r.Identity, requestTerms(cands, h))
 		in.Insert(keyHTTP, httpTerm(h))
-		v, err := eval(ctx, *st.request, in)
+		v, err := eval(ctx, st.request, in)
 		if err != nil {
 			return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
 		}
@@ -336,7 +335,7 @@ func (e *Engine) NameAllowed(host string) bool {
 		return len(cands) > 0
 	}
 	slices.SortFunc(cands, byRank)
-	v, err := eval(context.Background(), *st.nameAllowed, input(host, "", 0, egress.Identity{}, cands))
+	v, err := eval(context.Background(), st.nameAllowed, input(host, "", 0, egress.Identity{}, cands))
 	if err != nil {
 		return false
 	}
@@ -344,27 +343,28 @@ func (e *Engine) NameAllowed(host string) bool {
 	return ok && bool(b)
 }
 
-// rawTerm keeps results in AST form; parseDecision reads them directly,
-// which saves converting every decision to Go maps first.
-func rawTerm(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil }
-
-func eval(ctx context.Context, q rego.PreparedEvalQuery, in ast.Value) (ast.Value, error) {
-	rs, err := q.Eval(ctx,
-		rego.EvalParsedInput(in),
-		rego.EvalMetrics(metrics.NoOp()),
-		rego.EvalGenerateJSON(rawTerm),
-	)
+// eval runs q with input in and returns the rule's value.
+func eval(ctx context.Context, q *query, in ast.Value) (ast.Value, error) {
+	txn, err := q.store.NewTransaction(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("evaluating rules: %w", err)
 	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+	defer q.store.Abort(ctx, txn)
+	rs, err := topdown.NewQuery(q.body).
+		WithQueryCompiler(q.qc).
+		WithCompiler(q.compiler).
+		WithStore(q.store).
+		WithTransaction(txn).
+		WithInput(ast.NewTerm(in)).
+		WithStrictBuiltinErrors(true).
+		Run(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evaluating rules: %w", err)
+	}
+	if len(rs) != 1 || rs[0][q.result] == nil {
 		return nil, errors.New("the rules produced no result")
 	}
-	v, ok := rs[0].Expressions[0].Value.(ast.Value)
-	if !ok {
-		return nil, fmt.Errorf("the rules produced %T", rs[0].Expressions[0].Value)
-	}
-	return v, nil
+	return rs[0][q.result].Value, nil
 }
 
 func engineError(detail string) egress.Decision {
