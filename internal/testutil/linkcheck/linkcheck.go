@@ -1,0 +1,29 @@
+// Package linkcheck lets a command's tests keep packages out of its
+// binary: every package a program links is initialised, and paged in, on
+// each start.
+package linkcheck
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// NotLinked fails t for each of forbidden that the package in the current
+// directory links, directly or not.
+func NotLinked(t *testing.T, forbidden []string) {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := map[string]bool{}
+	for _, p := range strings.Fields(string(out)) {
+		deps[p] = true
+	}
+	for _, p := range forbidden {
+		if deps[p] {
+			t.Errorf("this program links %s; `go list -deps` shows it, and `go mod why` the path", p)
+		}
+	}
+}
