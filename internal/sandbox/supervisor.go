@@ -164,19 +164,12 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	if s.run_, err = newRunDir(s.StateDir, s.ID); err != nil {
 		return ExitSetupFailed, err
 	}
-	if err := s.prepareScratch(); err != nil {
-		return ExitSetupFailed, err
-	}
-	s.Trace.Step("run directory, scratch")
-	if c := s.Plan.Network.Capture; c != nil {
-		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
-		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
-			return ExitSetupFailed, fmt.Errorf("write resolv.conf: %w", err)
-		}
+	s.Trace.Step("run directory")
+	if s.Plan.Network.Capture != nil {
 		if trustWritten, err = s.writeCA(); err != nil {
 			return ExitSetupFailed, err
 		}
-		s.Trace.Step("resolv.conf, CA files written")
+		s.Trace.Step("CA files written")
 	}
 	for _, d := range planDegradations(s.Plan) {
 		s.degraded(d)
@@ -247,6 +240,18 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		go s.watchSocketMemory(done)
 	}
 	s.Trace.Step("init started (clone with namespaces), moved into its cgroup")
+	// The init reads none of these before its config arrives: they are
+	// written while its runtime starts.
+	if err := s.prepareScratch(); err != nil {
+		return ExitSetupFailed, err
+	}
+	if c := s.Plan.Network.Capture; c != nil {
+		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
+		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
+			return ExitSetupFailed, fmt.Errorf("write resolv.conf: %w", err)
+		}
+	}
+	s.Trace.Step("scratch, resolv.conf")
 	// The control socket is up before the workload runs, so a policy
 	// update or a ps never finds a running sandbox without one.
 	ctlCtx, stopCtl := context.WithCancel(ctx)

@@ -18,12 +18,12 @@ var traceLine = regexp.MustCompile(`^trace +(-?[0-9.]+)ms +\+(-?[0-9.]+)ms  (.+)
 // none after the workload is reported running. Without either, nothing is
 // traced.
 func TestStartupTrace(t *testing.T) {
-	supervisor := []string{"corral started", "audit log opened", "policy loaded", "plan built", "policy compiled",
+	supervisor := []string{"corral started", "audit log opened", "policy loaded", "plan built", "policy compiled", "run directory", "scratch",
 		"cgroup", "init started (clone with namespaces)", "control socket", "workload running"}
 	stages := []string{"init: process started", "init: config received", "init: root filesystem (mounts)",
 		"init: terminal, read-only /proc", "init: command found", "init: capabilities",
 		"init: landlock", "init: seccomp, verified", "init: workload exec'd and verified"}
-	proxy := []string{"egress prepared (decision index, sandbox CA, model routes)", "resolv.conf, CA files written",
+	proxy := []string{"egress prepared (decision index, sandbox CA, model routes)", "CA files written",
 		"listeners received, egress serving", "init: capture rules, listeners handed to the supervisor"}
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		for _, tc := range []struct {
