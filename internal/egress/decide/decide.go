@@ -350,6 +350,10 @@ func eval(ctx context.Context, q *query, in ast.Value) (ast.Value, error) {
 		return nil, fmt.Errorf("evaluating rules: %w", err)
 	}
 	defer q.store.Abort(ctx, txn)
+	// Rules that run long stop when the connection asking is gone; the
+	// cancel costs nothing until then.
+	cancel := topdown.NewCancel()
+	defer context.AfterFunc(ctx, cancel.Cancel)()
 	rs, err := topdown.NewQuery(q.body).
 		WithQueryCompiler(q.qc).
 		WithCompiler(q.compiler).
@@ -357,6 +361,7 @@ func eval(ctx context.Context, q *query, in ast.Value) (ast.Value, error) {
 		WithTransaction(txn).
 		WithInput(ast.NewTerm(in)).
 		WithStrictBuiltinErrors(true).
+		WithCancel(cancel).
 		Run(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("evaluating rules: %w", err)

@@ -542,3 +542,25 @@ func benchDecide1000(b *testing.B, rules []byte) {
 	b.ReportMetric(pct(0.50), "p50-µs")
 	b.ReportMetric(pct(0.99), "p99-µs")
 }
+
+// A user's rules that would run for long stop when the context of the
+// connection asking ends, and the decision is a refusal.
+func TestSlowRulesStopWithTheirContext(t *testing.T) {
+	p := hostPolicy(nil, policy.Endpoint{Host: "api.github.com", Port: 443})
+	// 25 million pairs, none a solution: minutes of evaluation, little memory.
+	slow := "package corral.egress\n\ndecision := {\"allow\": true} if {\n\tsome x in numbers.range(1, 5000)\n\tsome y in numbers.range(1, 5000)\n\tx * y == -1\n}\n"
+	e := mustNew(t, p, []byte(slow))
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan egress.Decision, 1)
+	go func() { got <- e.Decide(ctx, byName("api.github.com", 443, curl)) }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case d := <-got:
+		if d.Allow || d.Reason != egress.ReasonEngine {
+			t.Errorf("got %+v, want a refusal with %q", d, egress.ReasonEngine)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the evaluation went on after its context ended")
+	}
+}
