@@ -201,6 +201,19 @@ func (n Network) ProxyEnv() []string {
 	}
 }
 
+// ForInit is p without what only explain shows: the seccomp rules (the
+// init rebuilds the filter from the profile's name), how each limit is
+// enforced, the PATH entries dropped and the sections taken from the
+// default. The init decodes its config cold on every start, and the
+// seccomp rules alone are half of it. Skipped paths stay: the init names
+// them when a command is not found.
+func (p Plan) ForInit() Plan {
+	p.Seccomp.Rules = nil
+	p.Limits.Enforcement, p.Limits.NotEnforced = nil, nil
+	p.PathDropped, p.Defaults = nil, nil
+	return p
+}
+
 // Where proxy mode puts the sandbox CA inside the sandbox. The directory
 // is a mount corral owns, so nothing in the policy can shadow or edit it.
 const (

@@ -268,7 +268,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}()
 	}
 	s.Trace.Step("control socket")
-	cfg := &initproc.Config{Plan: *s.Plan, Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Trace: clock}
+	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}

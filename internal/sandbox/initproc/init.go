@@ -34,12 +34,16 @@ func InitMain() int {
 	sup := os.NewFile(3, "supervisor")
 	unix.CloseOnExec(3)
 	// One SEQPACKET read returns one whole message; a smaller buffer
-	// would silently truncate it.
-	buf := make([]byte, 4<<20)
-	n, err := sup.Read(buf)
+	// would silently truncate it, so its size is asked first (a peek with
+	// MSG_TRUNC returns it): a buffer for the largest config allowed
+	// would cost every start its page faults.
 	var msg Message
+	n, _, err := unix.Recvfrom(3, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
 	if err == nil {
-		err = json.Unmarshal(buf[:n], &msg)
+		buf := make([]byte, n)
+		if n, err = sup.Read(buf); err == nil {
+			err = json.Unmarshal(buf[:n], &msg)
+		}
 	}
 	if err != nil || msg.Config == nil {
 		fmt.Fprintf(os.Stderr, "corral init: read config: %v\n", err)
