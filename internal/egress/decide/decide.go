@@ -127,8 +127,8 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/policy"
-	"github.com/open-policy-agent/opa/topdown"
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
 //go:embed policy.rego
