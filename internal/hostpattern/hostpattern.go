@@ -94,3 +94,19 @@ func Compile(h string) (Pattern, error) {
 	}
 	return Pattern{Host: h, Regexp: regexp.MustCompile(`^` + expr + `\.` + regexp.QuoteMeta(rest) + `$`), Rest: rest}, nil
 }
+
+// MayBeAddr is false for a host that cannot be an IP literal: an IPv4
+// address is digits and dots only, an IPv6 address has a colon. It keeps
+// names, the common case on every decision and leaf lookup, off the
+// address parsers, which allocate an error for each name they refuse.
+func MayBeAddr(host string) bool {
+	if strings.IndexByte(host, ':') >= 0 {
+		return true
+	}
+	for i := 0; i < len(host); i++ {
+		if c := host[i]; c != '.' && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}

@@ -387,7 +387,7 @@ func normaliseTarget(r egress.Request) (host string, addr netip.Addr) {
 	a := r.IP
 	if host != "" {
 		literal := strings.Trim(host, "[]")
-		if !mayBeAddr(literal) {
+		if !hostpattern.MayBeAddr(literal) {
 			return host, netip.Addr{}
 		}
 		var err error
@@ -399,21 +399,6 @@ func normaliseTarget(r egress.Request) (host string, addr netip.Addr) {
 		return "", netip.Addr{}
 	}
 	return "", a.Unmap().WithZone("")
-}
-
-// mayBeAddr is false for a name netip.ParseAddr would refuse, which it
-// does with an allocated error: an IPv4 address is digits and dots only,
-// an IPv6 address has a colon.
-func mayBeAddr(s string) bool {
-	if strings.IndexByte(s, ':') >= 0 {
-		return true
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c != '.' && (c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // addrString is an address as the rules and messages see it: "" for none.

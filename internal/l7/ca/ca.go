@@ -40,6 +40,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/hostpattern"
 )
 
 // DefaultCacheSize is the number of leaves kept when New is given no size.
@@ -282,7 +284,7 @@ func normalizeHost(host string) (string, net.IP, error) {
 	if host == "" {
 		return "", nil, errors.New("ca: empty host")
 	}
-	if mayBeIP(host) {
+	if hostpattern.MayBeAddr(host) {
 		if ip := net.ParseIP(host); ip != nil {
 			return ip.String(), ip, nil
 		}
@@ -309,20 +311,6 @@ func normalizeHost(host string) (string, net.IP, error) {
 		}
 	}
 	return name, nil, nil
-}
-
-// mayBeIP reports whether host could be an IP literal. It keeps names off
-// net.ParseIP, whose error path allocates on every cache hit otherwise.
-func mayBeIP(host string) bool {
-	if strings.IndexByte(host, ':') >= 0 {
-		return true
-	}
-	for i := 0; i < len(host); i++ {
-		if b := host[i]; b != '.' && (b < '0' || b > '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // randomSerial returns a random 128-bit serial number. RFC 5280 requires
