@@ -37,6 +37,12 @@ for via in direct connect socks; do
   curl -sS -m 5 -w '\n' "${proxy[@]}" --http2 http://front.test/curl-upgrade \
     --next -sS -m 5 -w '\n' "${proxy[@]}" -H 'Host: hidden.test' http://front.test/curl-hidden 2>&1
   echo "exit=$?"
+  # A body this large is spliced past the guard, which must still know
+  # where the next response starts and check the next request.
+  echo "=== bigcurl-$via"
+  curl -sS -m 30 -o /dev/null -w 'big %{http_code} %{size_download}\n' "${proxy[@]}" 'http://front.test/big?n=4194304' \
+    --next -sS -m 5 -w '\n' "${proxy[@]}" -H 'Host: hidden.test' http://front.test/curl-hidden-after-big 2>&1
+  echo "exit=$?"
 done
 for via in direct connect; do
   echo "=== python-$via"; python3 $W/guard.py $via front.test hidden.test 2>&1; echo "exit=$?"
@@ -94,6 +100,8 @@ func TestUpgradeKeepsHostChecks(t *testing.T) {
 			// (curl's stderr may come before its -w newline.)
 			n.has("curl-"+via, `hello from front\.test GET /curl-upgrade`)
 			n.hasNot("curl-"+via, `hello from hidden.test`)
+			n.has("bigcurl-"+via, `big 200 4194304\n`)
+			n.hasNot("bigcurl-"+via, `hello from hidden.test`)
 		}
 		for _, via := range []string{"direct", "connect"} {
 			n.has("python-"+via, `FIRST 200 hello from front.test GET /py-upgrade\n`)

@@ -243,19 +243,23 @@ func TestCarryHTTPStaysGuarded(t *testing.T) {
 	}
 }
 
-// A large response body is spliced past the guard, and the guard still
-// knows where the next response starts: a later request for another host
+// A large response body, whole or in one chunk, is spliced past the guard,
+// and the guard still knows where the next response starts: a later request for another host
 // on the same connection is refused, and a WebSocket the server accepts
 // after such a body is still recognised (its frames then pass unchecked).
 func TestCarryHTTPLargeBodyStaysGuarded(t *testing.T) {
 	const size = 4 << 20
 	body := bytes.Repeat([]byte("HTTP/1.1 101 Switching Protocols\r\n"), size/34+1)[:size]
+	fronted := "GET /2 HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+	ws := "GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	for _, tc := range []struct {
-		name, second string
-		upgraded     bool
+		name, second      string
+		upgraded, chunked bool
 	}{
-		{"fronted", "GET /2 HTTP/1.1\r\nHost: evil.test\r\n\r\n", false},
-		{"websocket", "GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", true},
+		{"fronted", fronted, false, false},
+		{"websocket", ws, true, false},
+		{"fronted-chunked", fronted, false, true},
+		{"websocket-chunked", ws, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := make(chan string, 4)
@@ -263,8 +267,14 @@ func TestCarryHTTPLargeBodyStaysGuarded(t *testing.T) {
 				br := bufio.NewReader(c)
 				if req, err := http.ReadRequest(br); err == nil {
 					got <- req.Host + req.URL.Path
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
-					c.Write(body)
+					if tc.chunked {
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", size)
+						c.Write(body)
+						io.WriteString(c, "\r\n0\r\n\r\n")
+					} else {
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+						c.Write(body)
+					}
 				}
 				req, err := http.ReadRequest(br)
 				if err != nil {
