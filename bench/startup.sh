@@ -7,7 +7,7 @@
 #   MODE=proxy bench/startup.sh  # proxy mode (capture, DNS and proxies set up)
 #   RUNS=200 bench/startup.sh    # more runs
 #   CORRAL_BIN=/path/to/other/corral bench/startup.sh   # another build
-#   TRACE=1 bench/startup.sh     # also print one run's start-up trace
+#   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
 #
 # Needs root (bwrap's --unshare-all and corral's cgroups), bubblewrap and
 # hyperfine (apt-get install bubblewrap hyperfine).
@@ -56,8 +56,22 @@ jq -r '
     "ratio corral/bwrap (median): \($r.corral.median / $r.bwrap.median | . * 100 | round / 100)x"
 ' "$work/result.json"
 
-if [ "${TRACE:-0}" = 1 ]; then
-	# Where the time goes, from one more run (the first line includes
-	# package initialisation, not the exec before it).
-	$run --trace -- true 2>&1 >/dev/null | grep '^trace' || true
+if [ "${TRACE:-0}" -gt 0 ]; then
+	# Where the time goes: each step's median over TRACE more runs, when
+	# it ended and how long it took (the first line includes package
+	# initialisation, not the exec before it). The README's table groups
+	# these.
+	for _ in $(seq "$TRACE"); do
+		$run --trace -- true 2>&1 >/dev/null | grep '^trace' || true
+	done | awk '
+		{ at = $2; took = $3; sub(/ms$/, "", at); sub(/^\+/, "", took); sub(/ms$/, "", took)
+		  name = $4; for (i = 5; i <= NF; i++) name = name " " $i
+		  if (!(name in n)) order[++steps] = name
+		  n[name]++; ats[name, n[name]] = at; tooks[name, n[name]] = took }
+		function median(arr, name, k,   i, j, v, t) {
+			for (i = 1; i <= k; i++) v[i] = arr[name, i]
+			for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (v[j] + 0 < v[i] + 0) { t = v[i]; v[i] = v[j]; v[j] = t }
+			return v[int((k + 1) / 2)]
+		}
+		END { for (s = 1; s <= steps; s++) printf "%8s ms  %+7s ms  %s\n", median(ats, order[s], n[order[s]]), median(tooks, order[s], n[order[s]]), order[s] }'
 fi
