@@ -8,7 +8,7 @@ import (
 
 // What only the gateway needs stays out of corral, which starts with every
 // sandbox, and OPA comes in through its evaluator alone: the rego package
-// around it added about 3 ms to `corral version` on a 2-core VM.
+// around it adds packages whose initialisation every start pays for.
 func TestRunLinksNoGatewayOrRegoWrapper(t *testing.T) {
 	linkcheck.NotLinked(t, []string{
 		"github.com/open-policy-agent/opa/v1/rego",

@@ -377,7 +377,10 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
-		Running: resumeGC,
+		Running: func() {
+			resumeGC()
+			log.Debug("set-up over: garbage collection resumed")
+		},
 	})
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}

@@ -139,3 +139,25 @@ func TestInitProgram(t *testing.T) {
 		}
 	})
 }
+
+// Garbage collection is paused while corral sets a sandbox up; the
+// supervisor of a caged run must resume it once the workload runs, or a
+// long session would collect nothing until its heap reached the backstop.
+func TestCollectionResumesWhenRunning(t *testing.T) {
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		for _, tc := range []struct{ name, policy string }{{"proxy", ""}, {"block", systemPolicy("")}} {
+			t.Run(tc.name, func(t *testing.T) {
+				fx := newFixture(t, m)
+				r := runCorral(t, fx, runOpts{args: []string{"true"}, policy: tc.policy, flags: []string{"--log-level", "debug"}})
+				if r.code != 0 {
+					t.Fatalf("want exit 0\n%s", r)
+				}
+				running := strings.Index(r.stderr, "msg=\"workload running\"")
+				resumed := strings.Index(r.stderr, "garbage collection resumed")
+				if running < 0 || resumed < running {
+					t.Errorf("collection was not resumed once the workload ran\n%s", r.stderr)
+				}
+			})
+		}
+	})
+}

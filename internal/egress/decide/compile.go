@@ -114,8 +114,8 @@ func build(c *policy.Compiled, rules []byte) (*state, error) {
 // query is one rule of a user's rules, prepared for evaluation by OPA's
 // evaluator itself: the rego package around it links OPA's bundle,
 // planner and WebAssembly machinery too, whose package initialisation
-// every corral start would pay for (about 3 ms of `corral version` on a
-// 2-core VM).
+// every corral start would pay for (`GODEBUG=inittrace=1 corral version`
+// lists each package's).
 type query struct {
 	compiler *ast.Compiler
 	qc       ast.QueryCompiler
