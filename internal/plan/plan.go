@@ -220,7 +220,7 @@ const (
 	TLSDir         = "/run/corral"
 	CABundlePath   = TLSDir + "/ca-bundle.pem"  // host roots + sandbox CA
 	CACertPath     = TLSDir + "/ca.pem"         // sandbox CA alone
-	TrustStorePath = TLSDir + "/truststore.p12" // the bundle as a Java trust store
+	TrustStorePath = TLSDir + "/truststore.jks" // the bundle as a Java trust store
 )
 
 // JavaToolOptions is the variable every JVM reads options from; the
@@ -229,10 +229,10 @@ const (
 const (
 	JavaToolOptions  = "JAVA_TOOL_OPTIONS"
 	JavaTrustOptions = "-Djavax.net.ssl.trustStore=" + TrustStorePath +
-		" -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=" + TrustStorePassword
+		" -Djavax.net.ssl.trustStoreType=JKS -Djavax.net.ssl.trustStorePassword=" + TrustStorePassword
 	// TrustStorePassword protects nothing (a trust store holds only
-	// public certificates); Java needs one to read PKCS#12, and this is
-	// the one its own cacerts uses.
+	// public certificates); Java checks the store's digest with it, and
+	// this is the one its own cacerts uses.
 	TrustStorePassword = "changeit"
 )
 

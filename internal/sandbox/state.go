@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/advisor/policylocal"
+	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
@@ -75,7 +76,7 @@ func (r *runDir) remove() error {
 		ignoreNotExist(os.Remove(statedir.ResolvConf(r.state, r.id))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca-bundle.pem"))),
-		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "truststore.p12"))),
+		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), assemble.JavaTrustStoreFile))),
 		ignoreNotExist(os.Remove(filepath.Join(skills, filepath.Base(policylocal.SkillPath)))),
 		ignoreNotExist(unix.Rmdir(skills)),
 		ignoreNotExist(unix.Rmdir(statedir.TLS(r.state, r.id))),

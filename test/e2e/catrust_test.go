@@ -58,7 +58,7 @@ sec() { echo; echo "=== $1"; }
 # The Java trust store is written while the init sets up; the workload
 # must never start before it.
 sec truststore_at_start
-test -s /run/corral/truststore.p12 && echo TRUSTSTORE_READY
+test -s /run/corral/truststore.jks && echo TRUSTSTORE_READY
 for host in corp insp; do
   u=https://$host.test/$host$P
   sec curl_$host

@@ -177,11 +177,11 @@ func (e *Egress) TrustFiles() map[string][]byte {
 	}
 }
 
-// JavaTrustStoreFile names the PKCS#12 form of the bundle among the trust
+// JavaTrustStoreFile names the JKS form of the bundle among the trust
 // files.
-const JavaTrustStoreFile = "truststore.p12"
+const JavaTrustStoreFile = "truststore.jks"
 
-// JavaTrustStore returns the bundle as a PKCS#12 trust store (Java reads
+// JavaTrustStore returns the bundle as a JKS trust store (Java reads
 // no PEM). Encoding a distribution's roots takes milliseconds, so callers
 // run it beside the rest of the sandbox's set-up.
 func (e *Egress) JavaTrustStore() ([]byte, error) {

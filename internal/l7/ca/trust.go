@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
-	"software.sslmate.com/src/go-pkcs12"
+	keystore "github.com/pavlo-v-chernykh/keystore-go/v4"
 )
 
 // HostCAVariables name files of extra roots a host may trust beyond its
@@ -98,20 +99,32 @@ func pemCertificates(data []byte) [][]byte {
 	}
 }
 
-// TrustStore returns bundle's certificates as a PKCS#12 trust store that
-// Java accepts as javax.net.ssl.trustStore: Java keeps its own roots and
-// ignores PEM bundles and the variables other tools read. Each entry gets
-// its own alias, since Java would merge entries whose aliases (by default
-// the subject) collide.
+// TrustStore returns bundle's certificates as a JKS trust store that Java
+// accepts as javax.net.ssl.trustStore: Java keeps its own roots and
+// ignores PEM bundles and the variables other tools read. JKS rather than
+// PKCS#12 because it is cheap to make: each certificate as it is and one
+// SHA-1 over the file, where PKCS#12 wraps each in ASN.1, encrypts them and
+// MACs the whole. This runs on every proxy-mode start, where PKCS#12 was
+// the largest part of the supervisor's CPU time. Each entry gets its own
+// alias, since Java would merge entries whose aliases collide.
 func TrustStore(bundle []byte, password string) ([]byte, error) {
-	var entries []pkcs12.TrustStoreEntry
+	ks := keystore.New(keystore.WithOrderedAliases())
 	for i, der := range pemCertificates(bundle) {
-		// The encoder reads only Raw, so the roots need not be parsed.
-		entries = append(entries, pkcs12.TrustStoreEntry{Cert: &x509.Certificate{Raw: der}, FriendlyName: "corral-" + strconv.Itoa(i)})
+		err := ks.SetTrustedCertificateEntry("corral-"+strconv.Itoa(i), keystore.TrustedCertificateEntry{
+			CreationTime: storeTime,
+			Certificate:  keystore.Certificate{Type: "X.509", Content: der},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ca: Java trust store: %w", err)
+		}
 	}
-	store, err := pkcs12.Modern2023.EncodeTrustStoreEntries(entries, password)
-	if err != nil {
+	var out bytes.Buffer
+	out.Grow(len(bundle)) // DER is three quarters of its PEM
+	if err := ks.Store(&out, []byte(password)); err != nil {
 		return nil, fmt.Errorf("ca: encode Java trust store: %w", err)
 	}
-	return store, nil
+	return out.Bytes(), nil
 }
+
+// storeTime dates every entry, so one bundle always gives the same store.
+var storeTime = time.Unix(0, 0)

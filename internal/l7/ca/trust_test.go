@@ -2,13 +2,15 @@ package ca
 
 import (
 	"bytes"
+	"crypto/x509"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"software.sslmate.com/src/go-pkcs12"
+	keystore "github.com/pavlo-v-chernykh/keystore-go/v4"
 )
 
 // pemOf returns the certificate of a fresh CA named id, in PEM.
@@ -82,11 +84,32 @@ func TestTrustStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := pkcs12.DecodeTrustStore(store, "changeit")
-	if err != nil {
+	again, err := TrustStore(bundle, "changeit")
+	if err != nil || !bytes.Equal(again, store) {
+		t.Errorf("one bundle gave two stores (err %v)", err)
+	}
+	ks := keystore.New()
+	if err := ks.Load(bytes.NewReader(store), []byte("changeit")); err != nil {
 		t.Fatal(err)
 	}
-	if len(certs) != 2 || certs[0].Subject.CommonName != "corral sandbox one" || certs[1].Subject.CommonName != "corral sandbox two" {
-		t.Errorf("trust store holds %d certificates: %v", len(certs), certs)
+	var names []string
+	for _, alias := range ks.Aliases() {
+		e, err := ks.GetTrustedCertificateEntry(alias)
+		if err != nil {
+			t.Fatalf("%s: %v", alias, err)
+		}
+		c, err := x509.ParseCertificate(e.Certificate.Content)
+		if err != nil || e.Certificate.Type != "X.509" {
+			t.Fatalf("%s: %s certificate: %v", alias, e.Certificate.Type, err)
+		}
+		names = append(names, alias+" "+c.Subject.CommonName)
+	}
+	slices.Sort(names)
+	if want := []string{"corral-0 corral sandbox one", "corral-1 corral sandbox two"}; !slices.Equal(names, want) {
+		t.Errorf("trust store holds %q, want %q", names, want)
+	}
+	// Java checks the store's digest with the password it is given.
+	if err := keystore.New().Load(bytes.NewReader(store), []byte("another")); err == nil {
+		t.Error("the store loads with the wrong password: it carries no digest")
 	}
 }
