@@ -74,7 +74,7 @@ type Config struct {
 type Egress struct {
 	cfg    Config
 	ca     *ca.CA
-	system []byte // what the host trusts (ca.HostTrust)
+	bundle []byte // what the host trusts (ca.HostTrust) and the sandbox CA
 	policy *reload.Reloader
 	// dial connects upstream for every listener and the model routes.
 	dial *dialer.Dialer
@@ -121,7 +121,7 @@ func New(c Config) (*Egress, error) {
 	for _, w := range warnings {
 		c.Log.Warn(w)
 	}
-	e := &Egress{cfg: c, ca: authority, system: system, dial: dialer.New(c.UpstreamDNS)}
+	e := &Egress{cfg: c, ca: authority, bundle: authority.Bundle(system), dial: dialer.New(c.UpstreamDNS)}
 	if err := e.newRouter(); err != nil {
 		return nil, err
 	}
@@ -173,7 +173,7 @@ func (e *Egress) revoke(ctx context.Context) {
 func (e *Egress) TrustFiles() map[string][]byte {
 	return map[string][]byte{
 		"ca.pem":        e.ca.CertPEM(),
-		"ca-bundle.pem": e.ca.Bundle(e.system),
+		"ca-bundle.pem": e.bundle,
 	}
 }
 
@@ -185,7 +185,7 @@ const JavaTrustStoreFile = "truststore.jks"
 // no PEM). Encoding a distribution's roots takes milliseconds, so callers
 // run it beside the rest of the sandbox's set-up.
 func (e *Egress) JavaTrustStore() ([]byte, error) {
-	store, err := ca.TrustStore(e.ca.Bundle(e.system), plan.TrustStorePassword)
+	store, err := ca.TrustStore(e.bundle, plan.TrustStorePassword)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox trust store: %w", err)
 	}
