@@ -168,7 +168,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if f.trace || os.Getenv(trace.Env) == "1" {
 		tr = trace.New(cmd.ErrOrStderr())
 	}
-	tr.Step("corral started (exec, Go runtime, flags)")
+	tr.Step("corral started (package initialisation, flags)")
 	resumeGC := pauseGC()
 	defer resumeGC()
 	log, err := newLogger(cmd.ErrOrStderr(), f.logLevel)

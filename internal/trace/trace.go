@@ -13,16 +13,20 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/trace/start"
 )
 
 // Env turns tracing on when set to 1, like --trace.
 const Env = "CORRAL_TRACE"
 
-// processStart is read while the package initialises, before main runs:
-// the earliest a Go program can look at the clock after its exec.
-var processStart = Now()
+// processStart is the earliest reading of the clock this process took
+// (package start), on the timeline of Now: Go's monotonic clock is
+// CLOCK_MONOTONIC.
+var processStart = Now() - time.Since(start.At).Nanoseconds()
 
 // Now reads CLOCK_MONOTONIC in nanoseconds.
 func Now() int64 {
@@ -50,8 +54,10 @@ type Tracer struct {
 	last   int64
 }
 
-// New starts a timeline whose origin is this process's start; its first
-// step includes the Go runtime's start-up.
+// New starts a timeline whose origin is this process's earliest clock
+// reading (package start): its first step holds nearly all of package
+// initialisation, but not the exec and the runtime's own start before it
+// (`GODEBUG=inittrace=1` shows when package start ran).
 func New(w io.Writer) *Tracer {
 	return &Tracer{w: w, origin: processStart, last: processStart}
 }
