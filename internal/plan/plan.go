@@ -112,8 +112,9 @@ type SeccompRule struct {
 	Reason    string   `json:"reason"`
 }
 
-// Seccomp names the profile; the init rebuilds the filter from the name so
-// the BPF program is never carried in the plan.
+// Seccomp names the profile; the supervisor assembles the filter from the
+// name when it starts the init, so the BPF program is never carried in
+// the plan.
 type Seccomp struct {
 	Profile string        `json:"profile"`
 	NetMode string        `json:"net_mode"`

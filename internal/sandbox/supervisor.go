@@ -27,6 +27,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
+	"github.com/corral-sandbox/corral/internal/linux/seccomp"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/reload"
 	"github.com/corral-sandbox/corral/internal/sandbox/initbin"
@@ -268,7 +269,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}()
 	}
 	s.Trace.Step("control socket")
-	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Trace: clock}
+	filter, err := seccomp.Program(seccomp.Profile(s.Plan.Seccomp.Profile), seccomp.NetMode(s.Plan.Seccomp.NetMode))
+	if err != nil {
+		return ExitSetupFailed, err
+	}
+	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Seccomp: filter, Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
 	"golang.org/x/sys/unix"
 )
 
@@ -124,7 +125,7 @@ var probes = map[string]func() unix.Errno{
 		if nnp, _ := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0); nnp != 0 {
 			return unix.EALREADY
 		}
-		err := Install(ProfileDefault, NetAllow)
+		err := install(ProfileDefault, NetAllow)
 		if err == nil || !strings.Contains(err.Error(), "no_new_privs") {
 			fmt.Fprintln(os.Stderr, "Install:", err)
 			return unix.EIO
@@ -179,7 +180,7 @@ func childMain(spec string) int {
 			fmt.Fprintln(os.Stderr, "no_new_privs:", err)
 			return 2
 		}
-		if err := Install(Profile(parts[0]), NetMode(parts[1])); err != nil {
+		if err := install(Profile(parts[0]), NetMode(parts[1])); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
@@ -382,4 +383,14 @@ func TestInstallNeedsNoNewPrivs(t *testing.T) {
 	case got != childResult{}:
 		t.Fatalf("Install without no_new_privs: got %v, want a no_new_privs error", got)
 	}
+}
+
+// install loads profile p for m as the sandbox's init does: assembled here,
+// loaded by package filter.
+func install(p Profile, m NetMode) error {
+	prog, err := Program(p, m)
+	if err != nil {
+		return err
+	}
+	return filter.Install(prog)
 }

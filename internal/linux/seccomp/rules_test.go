@@ -92,8 +92,8 @@ func TestRulesRejectUnknown(t *testing.T) {
 	if _, err := Rules(ProfileDefault, "open"); err == nil {
 		t.Error("unknown network mode accepted")
 	}
-	if err := Install("", NetBlock); err == nil {
-		t.Error("Install accepted an empty profile")
+	if _, err := Program("", NetBlock); err == nil {
+		t.Error("Program accepted an empty profile")
 	}
 }
 

@@ -47,6 +47,10 @@ type Config struct {
 	// RootDir is an empty host directory the init mounts the new root on
 	// inside its private mount namespace.
 	RootDir string `json:"root_dir"`
+	// Seccomp is the filter for the plan's profile, assembled by the
+	// supervisor (seccomp.Program): the init only loads it, so it links
+	// no syscall tables.
+	Seccomp []byte `json:"seccomp"`
 	// Trace, set when corral run --trace, puts each stage's start-up
 	// steps on the supervisor's timeline.
 	Trace *trace.Clock `json:"trace,omitempty"`

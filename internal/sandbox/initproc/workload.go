@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/linux/landlock"
-	"github.com/corral-sandbox/corral/internal/linux/seccomp"
+	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/trace"
 )
@@ -57,7 +57,7 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepE
 		return 0, stepErr("apply landlock", err)
 	}
 	tr.Step("init: landlock")
-	if err := seccomp.Install(seccomp.Profile(p.Seccomp.Profile), seccomp.NetMode(p.Seccomp.NetMode)); err != nil {
+	if err := filter.Install(cfg.Seccomp); err != nil {
 		return 0, stepErr("install seccomp filter", err)
 	}
 	if err := verifyInherited(); err != nil {
