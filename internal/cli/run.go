@@ -169,6 +169,8 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		tr = trace.New(cmd.ErrOrStderr())
 	}
 	tr.Step("corral started (package initialisation, flags)")
+	// Registered first, so it runs last: what follows it is the exit.
+	defer tr.Step("audit flushed, corral exiting")
 	resumeGC := pauseGC()
 	defer resumeGC()
 	log, err := newLogger(cmd.ErrOrStderr(), f.logLevel)

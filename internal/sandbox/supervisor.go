@@ -144,6 +144,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			}
 		}
 		s.phase("cleaned up")
+		s.Trace.Step("cleaned up (cgroup, run directory)")
 		if retErr != nil {
 			var se *initproc.StepError
 			step := "start sandbox"
@@ -448,6 +449,7 @@ func (s *supervisor) wait(ctx context.Context, term *terminal, msgs <-chan initp
 	}.run(ctx, done)
 	// The socket reaches EOF once the init is gone, so this cannot block.
 	s.phase("workload exited")
+	s.Trace.Step("init exited, namespaces torn down")
 	return s.finish(<-final, timedOut)
 }
 

@@ -14,15 +14,18 @@ var traceLine = regexp.MustCompile(`^trace +(-?[0-9.]+)ms +\+(-?[0-9.]+)ms  (.+)
 
 // TestStartupTrace runs `corral run --trace -- true` (and the same with
 // CORRAL_TRACE=1) and checks that every stage's steps reach stderr on one
-// timeline: the supervisor's and the init's, each once,
-// none after the workload is reported running. Without either, nothing is
-// traced.
+// timeline: the supervisor's and the init's, each once, the set-up's
+// before the workload is reported running and the exit's after it, in
+// order. Without either, nothing is traced.
 func TestStartupTrace(t *testing.T) {
 	supervisor := []string{"corral started", "audit log opened", "policy loaded", "plan built", "policy compiled", "run directory", "scratch",
 		"cgroup", "init started (clone with namespaces)", "control socket", "workload running"}
 	stages := []string{"init: process started", "init: config received", "init: root filesystem (mounts)",
 		"init: terminal, read-only /proc", "init: command found", "init: capabilities",
 		"init: landlock", "init: seccomp, verified", "init: workload exec'd and verified"}
+	// The init's own "workload exited" may come before the supervisor
+	// has reported the workload running: `true` is that quick.
+	exit := []string{"init exited, namespaces torn down", "cleaned up (cgroup, run directory)", "audit flushed, corral exiting"}
 	proxy := []string{"egress prepared (decision index, sandbox CA, model routes)", "CA files written",
 		"listeners received, egress serving", "init: capture rules, listeners handed to the supervisor"}
 	forEachMode(t, true, func(t *testing.T, m *mode) {
@@ -82,6 +85,23 @@ func TestStartupTrace(t *testing.T) {
 						t.Errorf("step %q at %.1fms comes after the workload was reported running (%.1fms)", w, at, running)
 					}
 				}
+				last := running
+				for _, w := range exit {
+					if tc.want == nil {
+						break
+					}
+					at, ok := findStep(steps, w)
+					switch {
+					case !ok:
+						t.Errorf("no trace step %q\n%s", w, r.stderr)
+					case at < last:
+						t.Errorf("exit step %q at %.1fms comes before the one it follows (%.1fms)\n%s", w, at, last, r.stderr)
+					}
+					last = at
+				}
+				if at, ok := findStep(steps, "init: workload exited"); tc.want != nil && (!ok || at < steps["init: workload exec'd and verified"]) {
+					t.Errorf("the init's \"workload exited\" is missing or before the exec\n%s", r.stderr)
+				}
 				for _, a := range tc.absent {
 					if _, ok := findStep(steps, a); ok {
 						t.Errorf("step %q traced in block mode", a)
@@ -100,8 +120,11 @@ func concat(s ...[]string) []string {
 	return out
 }
 
-// findStep finds the step whose name contains part.
+// findStep finds the step named part, or else one whose name contains it.
 func findStep(steps map[string]float64, part string) (float64, bool) {
+	if at, ok := steps[part]; ok {
+		return at, true
+	}
 	for name, at := range steps {
 		if strings.Contains(name, part) {
 			return at, true

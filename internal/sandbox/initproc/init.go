@@ -132,6 +132,7 @@ func InitMain() int {
 			_ = unix.Kill(-pid, s.(syscall.Signal))
 		case <-chld:
 			if code, sig, done := reap(pid); done {
+				tr.Step("init: workload exited")
 				_ = Send(sup, Message{Type: MsgExited, Code: code, Signal: sig})
 				return code
 			}
