@@ -57,6 +57,13 @@ type Resolver struct {
 
 	idMu sync.Mutex
 	ids  map[procKey]egress.Identity
+	// fdHints holds, by pid, the descriptor in which that process last
+	// held a socket being identified. A client that opens one connection
+	// after another gets the same lowest free number each time, and one
+	// readlink then finds it where listing the descriptors costs five
+	// system calls and more. A stale hint (a recycled pid, another
+	// number) only costs that readlink.
+	fdHints map[int]int
 
 	mountsOnce sync.Once
 	mounts     []mountPoint
@@ -131,15 +138,38 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 }
 
 // holders are the descriptors of the sandbox's processes that hold the
-// socket target.
+// socket target: every one of them, since every holder must have the same
+// identity.
 func (r *Resolver) holders(target string, inode uint64) []fdRef {
 	var refs []fdRef
 	for pid := range r.members() {
-		if fd := findFD(pid, target); fd >= 0 {
+		if fd := r.holderFD(pid, target); fd >= 0 {
 			refs = append(refs, fdRef{pid: pid, fd: fd, inode: inode})
 		}
 	}
 	return refs
+}
+
+// holderFD returns a descriptor of pid that holds target, or -1: the
+// hinted one if it does, else whatever findFD finds, which becomes the
+// hint.
+func (r *Resolver) holderFD(pid int, target string) int {
+	r.idMu.Lock()
+	hint, ok := r.fdHints[pid]
+	r.idMu.Unlock()
+	if ok && linkIs("/proc/"+strconv.Itoa(pid)+"/fd/"+strconv.Itoa(hint), target) {
+		return hint
+	}
+	fd := findFD(pid, target)
+	if fd >= 0 {
+		r.idMu.Lock()
+		if r.fdHints == nil || len(r.fdHints) >= maxCachedIDs {
+			r.fdHints = map[int]int{}
+		}
+		r.fdHints[pid] = fd
+		r.idMu.Unlock()
+	}
+	return fd
 }
 
 // members returns the sandbox's processes that can hold a workload's

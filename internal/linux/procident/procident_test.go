@@ -601,3 +601,41 @@ func TestIdentifyUntrusted(t *testing.T) {
 		})
 	}
 }
+
+// The descriptor hint is only a first guess: a hint naming another
+// descriptor, or one of a process that holds nothing, never yields a
+// holder, and the descriptor really holding the socket becomes the hint.
+func TestHolderFDHint(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	open := true
+	defer func() {
+		if open {
+			unix.Close(fds[1])
+		}
+	}()
+	var st unix.Stat_t
+	if err := unix.Fstat(fds[1], &st); err != nil {
+		t.Fatal(err)
+	}
+	target := "socket:[" + strconv.FormatUint(st.Ino, 10) + "]"
+	pid := os.Getpid()
+	r := &Resolver{fdHints: map[int]int{pid: fds[0]}}
+	if fd := r.holderFD(pid, target); fd != fds[1] {
+		t.Fatalf("holderFD with a wrong hint = %d, want %d", fd, fds[1])
+	}
+	if r.fdHints[pid] != fds[1] {
+		t.Errorf("hint is %d after finding %d", r.fdHints[pid], fds[1])
+	}
+	if fd := r.holderFD(pid, target); fd != fds[1] {
+		t.Errorf("holderFD with the right hint = %d, want %d", fd, fds[1])
+	}
+	unix.Close(fds[1])
+	open = false
+	if fd := r.holderFD(pid, target); fd >= 0 {
+		t.Errorf("holderFD found closed socket %s in descriptor %d", target, fd)
+	}
+}
