@@ -18,8 +18,9 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
 )
 
 // The kernel tests re-execute the test binary: a seccomp filter cannot be

@@ -8,6 +8,9 @@ import (
 
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
 )
 
 // Offsets into struct seccomp_data.
@@ -16,9 +19,6 @@ const (
 	offArch = 4
 	offArgs = 16
 )
-
-// maxInsns is the kernel's BPF_MAXINSNS.
-const maxInsns = 4096
 
 // argLoOffset is where the low 32 bits of argument i sit: the kernel hands
 // the filter seccomp_data in native byte order.
@@ -71,8 +71,8 @@ func program(p Profile, m NetMode, info *arch.Info) ([]bpf.Instruction, error) {
 	}
 	prog = append(prog, bpf.RetConstant{Val: uint32(retAllow)})
 
-	if len(prog) > maxInsns {
-		return nil, fmt.Errorf("seccomp: program has %d instructions, kernel limit is %d", len(prog), maxInsns)
+	if len(prog) > filter.MaxInsns {
+		return nil, fmt.Errorf("seccomp: program has %d instructions, kernel limit is %d", len(prog), filter.MaxInsns)
 	}
 	return prog, nil
 }
@@ -115,4 +115,26 @@ func syscallBlock(nr uint32, act retAction, c *argCond, loadNr bpf.Instruction) 
 	block = append(block, ret, loadNr)
 	block[0] = bpf.JumpIf{Cond: bpf.JumpEqual, Val: nr, SkipFalse: uint8(len(block) - 1)}
 	return block
+}
+
+// Program assembles profile p for network mode m, for this machine's
+// architecture, as the bytes filter.Install loads.
+func Program(p Profile, m NetMode) ([]byte, error) {
+	info, err := nativeArch()
+	if err != nil {
+		return nil, err
+	}
+	insns, err := program(p, m, info)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := bpf.Assemble(insns)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: assemble %s/%s: %w", p, m, err)
+	}
+	prog := make([]unix.SockFilter, len(raw))
+	for i, ins := range raw {
+		prog[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	}
+	return filter.Encode(prog), nil
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -213,7 +215,7 @@ func TestProgramAssembles(t *testing.T) {
 					t.Errorf("%s %s/%s: assemble: %v", a.Name, p, m, err)
 					continue
 				}
-				if len(raw) > maxInsns {
+				if len(raw) > filter.MaxInsns {
 					t.Errorf("%s %s/%s: %d instructions", a.Name, p, m, len(raw))
 				}
 				if _, err := bpf.NewVM(insns); err != nil {

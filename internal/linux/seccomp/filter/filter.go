@@ -20,8 +20,8 @@ import (
 // insnSize is the size of struct sock_filter: code, jt, jf, k.
 const insnSize = 8
 
-// maxInsns is the kernel's BPF_MAXINSNS.
-const maxInsns = 4096
+// MaxInsns is the kernel's BPF_MAXINSNS.
+const MaxInsns = 4096
 
 // Encode turns a program into the bytes Install loads: each instruction as
 // struct sock_filter in native byte order.
@@ -37,8 +37,8 @@ func Encode(prog []unix.SockFilter) []byte {
 
 func decode(b []byte) ([]unix.SockFilter, error) {
 	n := len(b) / insnSize
-	if len(b)%insnSize != 0 || n == 0 || n > maxInsns {
-		return nil, fmt.Errorf("seccomp: a program of %d bytes is not 1 to %d instructions", len(b), maxInsns)
+	if len(b)%insnSize != 0 || n == 0 || n > MaxInsns {
+		return nil, fmt.Errorf("seccomp: a program of %d bytes is not 1 to %d instructions", len(b), MaxInsns)
 	}
 	prog := make([]unix.SockFilter, n)
 	for i := range prog {
