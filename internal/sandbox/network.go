@@ -1,9 +1,11 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -28,8 +30,16 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("CA directory: %w", err)
 	}
-	for name, data := range s.Egress.TrustFiles() {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+	for name, parts := range s.Egress.TrustFiles() {
+		err := writeFile(filepath.Join(dir, name), func(w io.Writer) error {
+			for _, p := range parts {
+				if _, err := w.Write(p); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return nil, fmt.Errorf("write sandbox CA: %w", err)
 		}
 	}
@@ -47,16 +57,30 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		store, err := s.Egress.JavaTrustStore()
-		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, assemble.JavaTrustStoreFile), store, 0o644)
-		}
+		err := writeFile(filepath.Join(dir, assemble.JavaTrustStoreFile), func(w io.Writer) error {
+			bw := bufio.NewWriterSize(w, 32<<10)
+			if err := s.Egress.JavaTrustStore(bw); err != nil {
+				return err
+			}
+			return bw.Flush()
+		})
 		if err != nil {
 			err = fmt.Errorf("write the Java trust store: %w", err)
 		}
 		done <- err
 	}()
 	return func() error { return <-done }, nil
+}
+
+// writeFile writes what write produces to a new file at path, straight
+// from where it is: set-up's heap is kept small, so that no garbage
+// collection runs as the workload starts (GODEBUG=gctrace=1).
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	return errors.Join(write(f), f.Close())
 }
 
 // startEgress receives the listeners the init created inside the sandbox's

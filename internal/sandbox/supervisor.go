@@ -584,7 +584,9 @@ func socketPair() (*os.File, *os.File, error) {
 func readMessages(f *os.File, out chan<- initproc.Message) {
 	defer close(out)
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	// One message per read on this SEQPACKET socket: the free room must
+	// hold the longest (an error's text), or its end is lost.
+	sc.Buffer(make([]byte, 0, 16<<10), 1<<20)
 	for sc.Scan() {
 		var m initproc.Message
 		if json.Unmarshal(sc.Bytes(), &m) == nil {

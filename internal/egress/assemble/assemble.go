@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -74,7 +75,7 @@ type Config struct {
 type Egress struct {
 	cfg    Config
 	ca     *ca.CA
-	bundle []byte // what the host trusts (ca.HostTrust) and the sandbox CA
+	system []byte // what the host trusts (ca.HostTrust)
 	policy *reload.Reloader
 	// dial connects upstream for every listener and the model routes.
 	dial *dialer.Dialer
@@ -121,7 +122,7 @@ func New(c Config) (*Egress, error) {
 	for _, w := range warnings {
 		c.Log.Warn(w)
 	}
-	e := &Egress{cfg: c, ca: authority, bundle: authority.Bundle(system), dial: dialer.New(c.UpstreamDNS)}
+	e := &Egress{cfg: c, ca: authority, system: system, dial: dialer.New(c.UpstreamDNS)}
 	if err := e.newRouter(); err != nil {
 		return nil, err
 	}
@@ -168,12 +169,12 @@ func (e *Egress) revoke(ctx context.Context) {
 }
 
 // TrustFiles returns, by file name, what the plan mounts where the
-// workload's TLS clients look: the sandbox CA's certificate and the host's
-// bundle with it added.
-func (e *Egress) TrustFiles() map[string][]byte {
-	return map[string][]byte{
-		"ca.pem":        e.ca.CertPEM(),
-		"ca-bundle.pem": e.bundle,
+// workload's TLS clients look, each file as parts to write in order: the
+// sandbox CA's certificate and the host's bundle with it added.
+func (e *Egress) TrustFiles() map[string][][]byte {
+	return map[string][][]byte{
+		"ca.pem":        {e.ca.CertPEM()},
+		"ca-bundle.pem": e.ca.Bundle(e.system),
 	}
 }
 
@@ -181,15 +182,14 @@ func (e *Egress) TrustFiles() map[string][]byte {
 // files.
 const JavaTrustStoreFile = "truststore.jks"
 
-// JavaTrustStore returns the bundle as a JKS trust store (Java reads
-// no PEM). Encoding a distribution's roots takes milliseconds, so callers
-// run it beside the rest of the sandbox's set-up.
-func (e *Egress) JavaTrustStore() ([]byte, error) {
-	store, err := ca.TrustStore(e.bundle, plan.TrustStorePassword)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox trust store: %w", err)
+// JavaTrustStore writes the bundle to w as a JKS trust store (Java reads
+// no PEM). Encoding a distribution's roots takes a millisecond or two, so
+// callers run it beside the rest of the sandbox's set-up.
+func (e *Egress) JavaTrustStore(w io.Writer) error {
+	if err := ca.TrustStore(w, plan.TrustStorePassword, e.ca.Bundle(e.system)...); err != nil {
+		return fmt.Errorf("sandbox trust store: %w", err)
 	}
-	return store, nil
+	return nil
 }
 
 // Sandbox is what the running sandbox gives its egress.

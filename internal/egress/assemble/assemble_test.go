@@ -2,6 +2,7 @@ package assemble
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -68,11 +69,12 @@ func TestSwapWholeOrNothing(t *testing.T) {
 func TestTrustFiles(t *testing.T) {
 	e := newEgress(t, allowing("a.example.com"), &egresstest.AuditBuffer{})
 	files := e.TrustFiles()
-	ca := string(files["ca.pem"])
-	if !strings.Contains(ca, "BEGIN CERTIFICATE") || !strings.Contains(string(files["ca-bundle.pem"]), ca) {
+	ca := string(bytes.Join(files["ca.pem"], nil))
+	if !strings.Contains(ca, "BEGIN CERTIFICATE") || !strings.Contains(string(bytes.Join(files["ca-bundle.pem"], nil)), ca) {
 		t.Errorf("ca.pem is not a certificate contained in ca-bundle.pem")
 	}
-	if store, err := e.JavaTrustStore(); err != nil || len(store) == 0 {
+	var store bytes.Buffer
+	if err := e.JavaTrustStore(&store); err != nil || store.Len() == 0 {
 		t.Errorf("no Java trust store (%v)", err)
 	}
 }

@@ -367,13 +367,14 @@ func SystemBundle() (path string, pem []byte, err error) {
 }
 
 // Bundle returns system followed by the CA certificate, with a newline
-// between when system does not end in one; PEM parsers need the CA's BEGIN
-// line to start a line of its own.
-func (c *CA) Bundle(system []byte) []byte {
-	out := make([]byte, 0, len(system)+1+len(c.certPEM))
-	out = append(out, system...)
+// between when system does not end in one (PEM parsers need the CA's BEGIN
+// line to start a line of its own), as parts to write one after another:
+// joined, the host's few hundred kilobytes of roots were copied on every
+// start, into heap that made set-up's garbage collection come sooner.
+func (c *CA) Bundle(system []byte) [][]byte {
+	parts := [][]byte{system}
 	if len(system) > 0 && system[len(system)-1] != '\n' {
-		out = append(out, '\n')
+		parts = append(parts, []byte{'\n'})
 	}
-	return append(out, c.certPEM...)
+	return append(parts, c.certPEM)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"time"
@@ -99,7 +100,8 @@ func pemCertificates(data []byte) [][]byte {
 	}
 }
 
-// TrustStore returns bundle's certificates as a JKS trust store that Java
+// TrustStore writes the certificates of bundle, the parts of one PEM
+// bundle in order, to w as a JKS trust store that Java
 // accepts as javax.net.ssl.trustStore: Java keeps its own roots and
 // ignores PEM bundles and the variables other tools read. JKS rather than
 // PKCS#12 because it is cheap to make: each certificate as it is and one
@@ -107,23 +109,25 @@ func pemCertificates(data []byte) [][]byte {
 // MACs the whole. This runs on every proxy-mode start, where PKCS#12 was
 // the largest part of the supervisor's CPU time. Each entry gets its own
 // alias, since Java would merge entries whose aliases collide.
-func TrustStore(bundle []byte, password string) ([]byte, error) {
+func TrustStore(w io.Writer, password string, bundle ...[]byte) error {
 	ks := keystore.New(keystore.WithOrderedAliases())
-	for i, der := range pemCertificates(bundle) {
-		err := ks.SetTrustedCertificateEntry("corral-"+strconv.Itoa(i), keystore.TrustedCertificateEntry{
-			CreationTime: storeTime,
-			Certificate:  keystore.Certificate{Type: "X.509", Content: der},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("ca: Java trust store: %w", err)
+	n := 0
+	for _, part := range bundle {
+		for _, der := range pemCertificates(part) {
+			err := ks.SetTrustedCertificateEntry("corral-"+strconv.Itoa(n), keystore.TrustedCertificateEntry{
+				CreationTime: storeTime,
+				Certificate:  keystore.Certificate{Type: "X.509", Content: der},
+			})
+			if err != nil {
+				return fmt.Errorf("ca: Java trust store: %w", err)
+			}
+			n++
 		}
 	}
-	var out bytes.Buffer
-	out.Grow(len(bundle)) // DER is three quarters of its PEM
-	if err := ks.Store(&out, []byte(password)); err != nil {
-		return nil, fmt.Errorf("ca: encode Java trust store: %w", err)
+	if err := ks.Store(w, []byte(password)); err != nil {
+		return fmt.Errorf("ca: encode Java trust store: %w", err)
 	}
-	return out.Bytes(), nil
+	return nil
 }
 
 // storeTime dates every entry, so one bundle always gives the same store.

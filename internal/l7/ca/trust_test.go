@@ -79,17 +79,17 @@ func TestHostTrust(t *testing.T) {
 }
 
 func TestTrustStore(t *testing.T) {
-	bundle := append(pemOf(t, "one"), pemOf(t, "two")...)
-	store, err := TrustStore(bundle, "changeit")
-	if err != nil {
+	one, two := pemOf(t, "one"), pemOf(t, "two")
+	var store, again bytes.Buffer
+	if err := TrustStore(&store, "changeit", one, two); err != nil {
 		t.Fatal(err)
 	}
-	again, err := TrustStore(bundle, "changeit")
-	if err != nil || !bytes.Equal(again, store) {
+	// One bundle, however it is cut into parts, gives one store.
+	if err := TrustStore(&again, "changeit", append(bytes.Clone(one), two...)); err != nil || !bytes.Equal(again.Bytes(), store.Bytes()) {
 		t.Errorf("one bundle gave two stores (err %v)", err)
 	}
 	ks := keystore.New()
-	if err := ks.Load(bytes.NewReader(store), []byte("changeit")); err != nil {
+	if err := ks.Load(bytes.NewReader(store.Bytes()), []byte("changeit")); err != nil {
 		t.Fatal(err)
 	}
 	var names []string
@@ -109,7 +109,7 @@ func TestTrustStore(t *testing.T) {
 		t.Errorf("trust store holds %q, want %q", names, want)
 	}
 	// Java checks the store's digest with the password it is given.
-	if err := keystore.New().Load(bytes.NewReader(store), []byte("another")); err == nil {
+	if err := keystore.New().Load(bytes.NewReader(store.Bytes()), []byte("another")); err == nil {
 		t.Error("the store loads with the wrong password: it carries no digest")
 	}
 }

@@ -191,7 +191,8 @@ func (w *ExecWatch) drain() {
 		return
 	}
 	if w.buf == nil {
-		w.buf = make([]byte, 64<<10)
+		// One datagram per event, each under a hundred bytes.
+		w.buf = make([]byte, 16<<10)
 	}
 	buf := w.buf
 	for {

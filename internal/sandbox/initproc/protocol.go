@@ -97,7 +97,9 @@ func SendFDs(sock *os.File, m Message, fds ...int) error {
 // RecvFDs reads one message and the descriptors it carries, if any.
 func RecvFDs(sock *os.File) (Message, []*os.File, error) {
 	var m Message
-	buf := make([]byte, 64<<10)
+	// Messages with descriptors are a few hundred bytes; one too long
+	// for this arrives cut and fails to decode, as it should.
+	buf := make([]byte, 16<<10)
 	oob := make([]byte, unix.CmsgSpace(4*maxFDs))
 	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
