@@ -376,5 +376,5 @@ func (c *CA) Bundle(system []byte) [][]byte {
 	if len(system) > 0 && system[len(system)-1] != '\n' {
 		parts = append(parts, []byte{'\n'})
 	}
-	return append(parts, c.certPEM)
+	return append(parts, c.CertPEM())
 }
