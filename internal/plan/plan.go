@@ -203,7 +203,7 @@ func (n Network) ProxyEnv() []string {
 }
 
 // ForInit is p without what only explain shows: the seccomp rules (the
-// init rebuilds the filter from the profile's name), how each limit is
+// init gets the filter the supervisor assembled from them), how each limit is
 // enforced, the PATH entries dropped and the sections taken from the
 // default. The init decodes its config cold on every start, and the
 // seccomp rules alone are half of it. Skipped paths stay: the init names
