@@ -395,10 +395,41 @@ func (s *supervisor) startInit(done chan<- struct{}) error {
 			return
 		}
 		started <- nil
+		if err := awaitExit(s.cmd.Process.Pid); err != nil {
+			s.Log.Debug("wait for the sandbox init in the poller", "err", err)
+		}
 		_ = s.cmd.Wait()
 		close(done)
 	}()
 	return <-started
+}
+
+// awaitExit returns once the child pid has exited, leaving it to be
+// reaped. It waits in Go's network poller on a pidfd, not in wait4: a
+// thread blocked in a system call keeps its scheduler slot (P), so the
+// goroutine it has just woken (the supervisor going on with set-up) sat
+// behind it until the runtime's monitor took the slot back, which sleeps
+// up to 10 ms between looks (`corral run --trace` showed the init running
+// milliseconds before the supervisor noticed it had started). Parked in
+// the poller, the thread gives the slot up at once. An error means the
+// poller cannot wait on it here; the caller's wait4 still does.
+func awaitExit(pid int) error {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("pidfd_open: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	// A pidfd is readable once its process has exited; the poll covers
+	// an exit before the poller first looked.
+	return rc.Read(func(fd uintptr) bool {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+		return n > 0 || (err != nil && err != unix.EINTR)
+	})
 }
 
 var cloneFlags = map[string]uintptr{
