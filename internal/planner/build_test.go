@@ -152,13 +152,7 @@ secrets:
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := policy.Default()
-			if tc.policy != "" {
-				var err error
-				if p, err = policy.Parse([]byte(tc.policy), "test.yaml"); err != nil {
-					t.Fatal(err)
-				}
-			}
+			p := testPolicy(t, tc.policy)
 			pl, err := Build(p, Context{Workdir: tc.workdir, StateDir: "/var/lib/corral", ID: "test", Session: "s1"}, tc.host)
 			if err != nil {
 				t.Fatal(err)
@@ -186,10 +180,10 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./internal/plan -update to create it)", err)
+		t.Fatalf("%v (run go test ./internal/planner -update to create it)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs (run go test ./internal/plan -update and review the diff):\n--- got\n%s", path, got)
+		t.Errorf("%s differs (run go test ./internal/planner -update and review the diff):\n--- got\n%s", path, got)
 	}
 }
 
@@ -215,13 +209,7 @@ func TestBuildErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := policy.Default()
-			if tc.policy != "" {
-				var err error
-				if p, err = policy.Parse([]byte(tc.policy), "t.yaml"); err != nil {
-					t.Fatal(err)
-				}
-			}
+			p := testPolicy(t, tc.policy)
 			h := debianHost()
 			if tc.host != nil {
 				tc.host(&h)

@@ -11,16 +11,22 @@ import (
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
+// testPolicy parses src, or returns the built-in default for "".
+func testPolicy(t *testing.T, src string) *policy.Policy {
+	t.Helper()
+	if src == "" {
+		return policy.Default()
+	}
+	p, err := policy.Parse([]byte(src), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func buildPlan(t *testing.T, src, workdir, path string, h Host) *plan.Plan {
 	t.Helper()
-	p := policy.Default()
-	if src != "" {
-		var err error
-		if p, err = policy.Parse([]byte(src), "t.yaml"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pl, err := Build(p, Context{Workdir: workdir, StateDir: "/var/lib/corral", ID: "x", Session: "s", Path: path}, h)
+	pl, err := Build(testPolicy(t, src), Context{Workdir: workdir, StateDir: "/var/lib/corral", ID: "x", Session: "s", Path: path}, h)
 	if err != nil {
 		t.Fatal(err)
 	}
