@@ -24,8 +24,9 @@ trap 'rm -rf "$work"' EXIT
 bin=${CORRAL_BIN:-}
 if [ -z "$bin" ]; then
 	bin="$work/corral"
-	# As installed: carrying the init program it starts each sandbox with.
-	go generate ./internal/sandbox/initbin
+	# As installed: carrying the init program it starts each sandbox with,
+	# and its full program.
+	go generate ./internal/fullbin
 	CGO_ENABLED=0 go build -o "$bin" ./cmd/corral
 fi
 mkdir -p "$work/proj" "$work/state"

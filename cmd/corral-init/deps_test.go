@@ -11,7 +11,7 @@ import (
 // (a millisecond of the init's start) through assembling its own seccomp
 // filter.
 func TestInitLinksNoHeavyPackages(t *testing.T) {
-	linkcheck.NotLinked(t, []string{
+	linkcheck.NotLinked(t, "", []string{
 		"github.com/corral-sandbox/corral/internal/policy",
 		"github.com/open-policy-agent/opa/v1/topdown",
 		"gopkg.in/yaml.v3",

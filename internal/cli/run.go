@@ -22,6 +22,8 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
+	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
+	"github.com/corral-sandbox/corral/internal/fullbin"
 	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/netclass"
@@ -142,7 +144,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level on stderr: debug, info, warn, error")
 	fl.StringVar(&f.upstreamDNS, "upstream-dns", "", "resolver HOST:PORT the supervisor uses for allowed names in proxy mode (default: the host's)")
 	fl.StringArrayVar(&f.upstreamCA, "upstream-ca", nil, "PEM file of CA certificates trusted, besides the host's roots, for upstream servers of inspected (protocol: rest) connections (repeatable)")
-	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document)")
+	fl.StringVar(&f.policyRules, "policy-rules", "", "Rego file replacing corral's built-in network decision rules (same input document); OPA evaluates it, which only corral's full program carries, so such a run starts as that program (written to the state directory's bin/ on first use)")
 	fl.StringArrayVar(&f.trustedCIDRs, "trusted-cidr", nil, "private network (CIDR) the policy advisor may propose in allowed_ips whole, instead of each address seen (repeatable)")
 	fl.StringVar(&f.inferenceRoutes, "inference-routes", "", "YAML file of model routes served at inference.local (proxy mode), replacing the policy's inference section for the whole run; an empty list turns routing off")
 	fl.BoolVar(&f.advisorProbe, "advisor-probe", false, "let the policy advisor look up each refused name once, through corral's resolver, to propose allowed_ips for private addresses; this sends names the workload chose, and was refused, to the upstream resolver (always on in learn mode)")
@@ -164,6 +166,16 @@ func validSession(s string) bool { return len(s) <= 64 && sessionName.MatchStrin
 
 func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	setupFailed := func(err error) error { return &exitError{code: sandbox.ExitSetupFailed, err: err} }
+	if f.policyRules != "" && !userrules.Available() {
+		// OPA is in the full program only (internal/fullbin), so that no
+		// other run pays for its initialisation; it runs this command
+		// line again from the start.
+		state, err := filepath.Abs(orStateDir(f.stateDir))
+		if err == nil {
+			err = fullbin.Exec(state, os.Args)
+		}
+		return setupFailed(fmt.Errorf("--policy-rules: %w", err))
+	}
 	var tr *trace.Tracer
 	if f.trace || os.Getenv(trace.Env) == "1" {
 		tr = trace.New(cmd.ErrOrStderr())

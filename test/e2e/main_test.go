@@ -84,10 +84,11 @@ func setupAndRun(m *testing.M) (int, error) {
 		return 1, err
 	}
 	selfInitBin = filepath.Join(bin, "corral-selfinit")
-	// corral carries the init built from these sources, and one corral
-	// is built without it, re-executing itself as the init.
+	// corral carries the init and the full program built from these
+	// sources (generating the full program generates the init first), and
+	// one corral is built without the init, re-executing itself as it.
 	builds := [][]string{
-		{"generate", "./internal/sandbox/initbin"},
+		{"generate", "./internal/fullbin"},
 		{"build", "-o", corralBin, "./cmd/corral"},
 		{"build", "-tags", "corral_selfinit", "-o", selfInitBin, "./cmd/corral"},
 		{"build", "-o", attackBin, "./test/e2e/attack"},

@@ -736,6 +736,21 @@ func countFDs(pid int) int {
 // has sent its request, as it can when the denial is quick.
 const resetRC = `rc=(55|56|7)\b`
 
+// portRules are a user's --policy-rules: connections to port 80 of the
+// policy's endpoints are allowed, all else denied, port 81 with a reason
+// of the rules' own.
+const portRules = `package corral.egress
+
+decision := {"allow": true, "policy": "web", "key": "web"} if {
+	count(input.candidates) > 0
+	input.network.port == 80
+}
+
+decision := {"allow": false, "reason": "port_81_is_closed_by_the_rules"} if input.network.port == 81
+
+default decision := {"allow": false, "reason": "no_matching_policy"}
+`
+
 func basePolicy(network string) string {
 	return `version: 1
 filesystem_policy:
@@ -1152,6 +1167,36 @@ func TestNetwork(t *testing.T) {
 					if s.Path == P+"/literal-other" {
 						t.Errorf("a denied request reached the lab: %+v", s)
 					}
+				}
+			})
+
+			// The lean corral carries no OPA: a run with --policy-rules
+			// starts as the full program, and the user's rules decide.
+			t.Run("policy-rules", func(t *testing.T) {
+				t.Parallel()
+				fx := newNetFixture(t)
+				rules := filepath.Join(fx.aux, "rules.rego")
+				if err := os.WriteFile(rules, []byte(portRules), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				pol := basePolicy(`network_policies:
+  web:
+    endpoints:
+      - host: allowed.test
+        ports: [80, 81]
+`)
+				script := `curl -s -o /dev/null -w "port80=%{http_code}\n" http://allowed.test` + P + `/rules; ` +
+					`curl -sf -o /dev/null --max-time 5 http://allowed.test:81` + P + `/rules; echo "port81_rc=$?"`
+				r := runCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c", script}, policy: pol,
+					flags: append(env(fx), "--policy-rules", rules)})
+				if r.code != 0 || !strings.Contains(r.stdout, "port80=200") || strings.Contains(r.stdout, "port81_rc=0") {
+					t.Fatalf("the rules did not decide as written\n%s", r)
+				}
+				if findEvent(r, "net.connect.denied", map[string]any{"port": 81, "reason": "port_81_is_closed_by_the_rules"}) == nil {
+					t.Fatalf("no denial with the rules' own reason\n%s", r)
+				}
+				if full, _ := filepath.Glob(filepath.Join(fx.state, "bin", "corral-full-*")); len(full) != 1 {
+					t.Fatalf("the full program was not installed in the state directory: %v\n%s", full, r)
 				}
 			})
 

@@ -1,5 +1,6 @@
-// Package decide is the egress policy decision point: an embedded OPA engine
-// evaluating Rego rules over a sandbox's network policies.
+// Package decide is the egress policy decision point: Rego rules over a
+// sandbox's network policies, the built-in ones evaluated in Go and a
+// user's by OPA.
 //
 // # Division of work
 //
@@ -111,8 +112,10 @@
 // # Evaluation
 //
 // The baked-in rules are evaluated in Go (native.go), rule for rule, with
-// no OPA query prepared at all; OPA evaluates a user's rules. A property
-// test holds the two to the same answers on random policies and requests.
+// no OPA query prepared at all; OPA evaluates a user's rules (package
+// decide/rego, through decide/userrules, so that only the programs that
+// link OPA pay for its initialisation). A property test holds the two to
+// the same answers on random policies and requests.
 package decide
 
 import (
@@ -125,10 +128,9 @@ import (
 	"strings"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
 	"github.com/corral-sandbox/corral/internal/hostpattern"
 	"github.com/corral-sandbox/corral/internal/policy"
-	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
 //go:embed policy.rego
@@ -137,8 +139,8 @@ var bakedRules []byte
 // BakedRules returns the built-in rules, for users writing their own.
 func BakedRules() []byte { return slices.Clone(bakedRules) }
 
-// Engine implements egress.Decider with an embedded OPA engine evaluating
-// Rego rules over one compiled policy's data. It is immutable and safe for
+// Engine implements egress.Decider over one compiled policy with the
+// baked-in rules or a user's. It is immutable and safe for
 // concurrent use; a reload prepares a new one (internal/reload).
 type Engine struct {
 	st *state
@@ -174,15 +176,13 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 		d   egress.Decision
 		key string
 	)
-	if st.native {
+	if st.rules == nil {
 		var paths [8]string
-		d, key = nativeDecision(cands, execPaths(paths[:0], r.Identity))
+		d, key = nativeDecision(cands, userrules.ExecPaths(paths[:0], r.Identity))
 	} else {
-		v, err := eval(ctx, st.decision, input(host, addrString(addr), int(r.Port), r.Identity, cands))
-		if err != nil {
-			return engineError(err.Error())
-		}
-		if d, key, err = parseDecision(v); err != nil {
+		var err error
+		in := userrules.Input{Host: host, IP: addrString(addr), Port: int(r.Port), Identity: r.Identity}
+		if d, key, err = st.rules.Decision(ctx, in, userCandidates(cands)); err != nil {
 			return engineError(err.Error())
 		}
 	}
@@ -225,24 +225,20 @@ func (e *Engine) Decide(ctx context.Context, r egress.Request) egress.Decision {
 // may have changed since it opened), then the request_decision rules.
 func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTPRequest) egress.HTTPDecision {
 	st := e.st
-	if !st.native && st.request == nil {
+	if st.rules != nil && !st.rules.DefinesRequest() {
 		return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the policy rules define no request_decision"}
 	}
 	host, addr := normaliseTarget(r)
 	var buf [8]*endpoint
 	cands := requestCandidates(st.candidates(buf[:0], host, addr, r.Port), h)
 	var d egress.HTTPDecision
-	if st.native {
+	if st.rules == nil {
 		var paths [8]string
-		d = nativeRequestDecision(cands, execPaths(paths[:0], r.Identity), h)
+		d = nativeRequestDecision(cands, userrules.ExecPaths(paths[:0], r.Identity), h)
 	} else {
-		in := inputTerms(host, addrString(addr), int(r.Port), r.Identity, requestTerms(cands, h))
-		in.Insert(keyHTTP, httpTerm(h))
-		v, err := eval(ctx, st.request, in)
-		if err != nil {
-			return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
-		}
-		if d, err = parseRequestDecision(v); err != nil {
+		var err error
+		in := userrules.Input{Host: host, IP: addrString(addr), Port: int(r.Port), Identity: r.Identity}
+		if d, err = st.rules.RequestDecision(ctx, in, userRequestCandidates(cands, h), h); err != nil {
 			return egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: err.Error()}
 		}
 	}
@@ -250,60 +246,6 @@ func (e *Engine) DecideHTTP(ctx context.Context, r egress.Request, h egress.HTTP
 		d.Detail = requestDenyDetail(d, h)
 	}
 	return d
-}
-
-func httpTerm(h egress.HTTPRequest) *ast.Term {
-	q := ast.NewObjectWithCapacity(len(h.Query))
-	for name, vals := range h.Query {
-		q.Insert(ast.StringTerm(name), ast.ArrayTerm(stringTerms(vals)...))
-	}
-	return ast.ObjectTerm(
-		[2]*ast.Term{keyMethod, ast.StringTerm(h.Method)},
-		[2]*ast.Term{keyPath, ast.StringTerm(h.Path)},
-		[2]*ast.Term{keyQuery, ast.NewTerm(q)},
-	)
-}
-
-// parseRequestDecision accepts only the documented shape of
-// request_decision.
-func parseRequestDecision(v ast.Value) (egress.HTTPDecision, error) {
-	var d egress.HTTPDecision
-	obj, ok := v.(ast.Object)
-	if !ok {
-		return d, fmt.Errorf("request_decision is %v, not an object", ast.ValueName(v))
-	}
-	allow, ok := field(obj, keyAllow).(ast.Boolean)
-	if !ok {
-		return d, errors.New("request_decision.allow is not a boolean")
-	}
-	var policyName, rule, reason, enforcement ast.String
-	for _, f := range []struct {
-		key *ast.Term
-		dst *ast.String
-	}{{keyPolicy, &policyName}, {keyRule, &rule}, {keyReason, &reason}, {keyEnforcement, &enforcement}} {
-		switch x := field(obj, f.key).(type) {
-		case nil:
-		case ast.String:
-			*f.dst = x
-		default:
-			return d, fmt.Errorf("request_decision.%v is %v, not a string", f.key.Value, ast.ValueName(x))
-		}
-	}
-	switch enforcement {
-	case "", policy.EnforcementEnforce:
-	case policy.EnforcementAudit:
-		d.Audit = true
-	default:
-		return d, fmt.Errorf("request_decision.enforcement is %q", string(enforcement))
-	}
-	d.Allow, d.Policy, d.Rule = bool(allow), string(policyName), string(rule)
-	if !d.Allow {
-		d.Reason = string(reason)
-		if d.Reason == "" {
-			d.Reason = egress.ReasonL7NoRule
-		}
-	}
-	return d, nil
 }
 
 func requestDenyDetail(d egress.HTTPDecision, h egress.HTTPRequest) string {
@@ -331,45 +273,15 @@ func (e *Engine) NameAllowed(host string) bool {
 	}
 	var buf [8]*endpoint
 	cands := st.hostMatches(buf[:0], host)
-	if st.nameAllowed == nil {
+	if st.rules == nil {
 		return len(cands) > 0
 	}
 	slices.SortFunc(cands, byRank)
-	v, err := eval(context.Background(), st.nameAllowed, input(host, "", 0, egress.Identity{}, cands))
-	if err != nil {
-		return false
+	allowed, defined := st.rules.NameAllowed(context.Background(), host, userCandidates(cands))
+	if !defined {
+		return len(cands) > 0
 	}
-	b, ok := v.(ast.Boolean)
-	return ok && bool(b)
-}
-
-// eval runs q with input in and returns the rule's value.
-func eval(ctx context.Context, q *query, in ast.Value) (ast.Value, error) {
-	txn, err := q.store.NewTransaction(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("evaluating rules: %w", err)
-	}
-	defer q.store.Abort(ctx, txn)
-	// Rules that run long stop when the connection asking is gone; the
-	// cancel costs nothing until then.
-	cancel := topdown.NewCancel()
-	defer context.AfterFunc(ctx, cancel.Cancel)()
-	rs, err := topdown.NewQuery(q.body).
-		WithQueryCompiler(q.qc).
-		WithCompiler(q.compiler).
-		WithStore(q.store).
-		WithTransaction(txn).
-		WithInput(ast.NewTerm(in)).
-		WithStrictBuiltinErrors(true).
-		WithCancel(cancel).
-		Run(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("evaluating rules: %w", err)
-	}
-	if len(rs) != 1 || rs[0][q.result] == nil {
-		return nil, errors.New("the rules produced no result")
-	}
-	return rs[0][q.result].Value, nil
+	return allowed
 }
 
 func engineError(detail string) egress.Decision {
@@ -409,137 +321,6 @@ func addrString(a netip.Addr) string {
 	return a.String()
 }
 
-// Keys are shared between inputs; OPA treats terms as immutable, as its own
-// interned terms are.
-var (
-	keyNetwork     = ast.StringTerm("network")
-	keyHost        = ast.StringTerm("host")
-	keyIP          = ast.StringTerm("ip")
-	keyPort        = ast.StringTerm("port")
-	keyExec        = ast.StringTerm("exec")
-	keyPath        = ast.StringTerm("path")
-	keyAncestors   = ast.StringTerm("ancestors")
-	keyCmdline     = ast.StringTerm("cmdline_paths")
-	keyPaths       = ast.StringTerm("paths")
-	keyCandidates  = ast.StringTerm("candidates")
-	keyPolicy      = ast.StringTerm("policy")
-	keyEndpoint    = ast.StringTerm("endpoint")
-	keyAllow       = ast.StringTerm("allow")
-	keyReason      = ast.StringTerm("reason")
-	keyAllowedIPs  = ast.StringTerm("allowed_ips")
-	keyKey         = ast.StringTerm("key")
-	keyHTTP        = ast.StringTerm("http")
-	keyMethod      = ast.StringTerm("method")
-	keyQuery       = ast.StringTerm("query")
-	keyRule        = ast.StringTerm("rule")
-	keyEnforcement = ast.StringTerm("enforcement")
-)
-
-func input(host, ip string, port int, id egress.Identity, cands []*endpoint) ast.Value {
-	c := make([]*ast.Term, len(cands))
-	for i, x := range cands {
-		c[i] = x.term
-	}
-	return inputTerms(host, ip, port, id, c)
-}
-
-func inputTerms(host, ip string, port int, id egress.Identity, c []*ast.Term) ast.Object {
-	bin := ast.StringTerm(id.Binary)
-	anc, cmd := stringTerms(id.Ancestors), stringTerms(id.CmdlinePaths)
-	// paths shares its terms with the fields it is made of.
-	paths := make([]*ast.Term, 0, 1+len(anc)+len(cmd))
-	seen := make([]string, 0, cap(paths))
-	for _, t := range slices.Concat([]*ast.Term{bin}, anc, cmd) {
-		if s := string(t.Value.(ast.String)); s != "" && !slices.Contains(seen, s) && id.Untrusted == "" {
-			seen = append(seen, s)
-			paths = append(paths, t)
-		}
-	}
-	return ast.NewObject(
-		[2]*ast.Term{keyNetwork, ast.ObjectTerm(
-			[2]*ast.Term{keyHost, ast.StringTerm(host)},
-			[2]*ast.Term{keyIP, ast.StringTerm(ip)},
-			[2]*ast.Term{keyPort, ast.IntNumberTerm(port)},
-		)},
-		[2]*ast.Term{keyExec, ast.ObjectTerm(
-			[2]*ast.Term{keyPath, bin},
-			[2]*ast.Term{keyAncestors, ast.ArrayTerm(anc...)},
-			[2]*ast.Term{keyCmdline, ast.ArrayTerm(cmd...)},
-			[2]*ast.Term{keyPaths, ast.ArrayTerm(paths...)},
-		)},
-		[2]*ast.Term{keyCandidates, ast.ArrayTerm(c...)},
-	)
-}
-
-func stringTerms(ss []string) []*ast.Term {
-	t := make([]*ast.Term, len(ss))
-	for i, s := range ss {
-		t[i] = ast.StringTerm(s)
-	}
-	return t
-}
-
-// parseDecision accepts only the documented shape, so that rules returning
-// anything else deny instead of being half understood.
-// The second result is the deciding policy's key in network_policies, if
-// the rules report it.
-func parseDecision(v ast.Value) (egress.Decision, string, error) {
-	var d egress.Decision
-	obj, ok := v.(ast.Object)
-	if !ok {
-		return d, "", fmt.Errorf("decision is %v, not an object", ast.ValueName(v))
-	}
-	allow, ok := field(obj, keyAllow).(ast.Boolean)
-	if !ok {
-		return d, "", errors.New("decision.allow is not a boolean")
-	}
-	var policyName, reason, key ast.String
-	for _, f := range []struct {
-		key *ast.Term
-		dst *ast.String
-	}{{keyPolicy, &policyName}, {keyReason, &reason}, {keyKey, &key}} {
-		switch x := field(obj, f.key).(type) {
-		case nil:
-		case ast.String:
-			*f.dst = x
-		default:
-			return d, "", fmt.Errorf("decision.%v is %v, not a string", f.key.Value, ast.ValueName(x))
-		}
-	}
-	switch x := field(obj, keyAllowedIPs).(type) {
-	case nil:
-	case *ast.Array:
-		for i := range x.Len() {
-			s, ok := x.Elem(i).Value.(ast.String)
-			if !ok {
-				return d, "", errors.New("decision.allowed_ips holds a value that is not a string")
-			}
-			pfx, err := parsePrefix(string(s))
-			if err != nil {
-				return d, "", fmt.Errorf("decision.allowed_ips: %w", err)
-			}
-			d.AllowedIPs = append(d.AllowedIPs, pfx)
-		}
-	default:
-		return d, "", fmt.Errorf("decision.allowed_ips is %v, not an array", ast.ValueName(x))
-	}
-	d.Allow, d.Policy = bool(allow), string(policyName)
-	if !d.Allow {
-		d.Reason = string(reason)
-		if d.Reason == "" {
-			d.Reason = egress.ReasonNoPolicy
-		}
-	}
-	return d, string(key), nil
-}
-
-func field(obj ast.Object, key *ast.Term) ast.Value {
-	if t := obj.Get(key); t != nil {
-		return t.Value
-	}
-	return nil
-}
-
 func denyDetail(d egress.Decision, r egress.Request, host string, addr netip.Addr) string {
 	target := host
 	if target == "" {
@@ -570,22 +351,4 @@ func describeBinary(id egress.Identity) string {
 		s += ", which is not the binary it claims: " + id.Untrusted
 	}
 	return s
-}
-
-// parsePrefix reads an allowed_ips entry of the rules' result: an address
-// or a CIDR, which user rules may spell either way.
-func parsePrefix(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	a = a.WithZone("")
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }

@@ -4,9 +4,9 @@ import (
 	"slices"
 
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/gobwas/glob"
-	"github.com/open-policy-agent/opa/v1/ast"
 )
 
 // Glob matching of requests is Go's part of a request decision for the
@@ -94,34 +94,29 @@ func requestCandidates(cands []*endpoint, h egress.HTTPRequest) []requestCandida
 	return cs
 }
 
-// requestTerms are the candidates' objects in a request's input: the
-// connection candidate plus what Go matched of its endpoint.
-func requestTerms(cs []requestCandidate, h egress.HTTPRequest) []*ast.Term {
-	terms := make([]*ast.Term, len(cs))
+// userRequestCandidates are cs as a user's rules receive them, with the
+// rules of each endpoint that match h.
+func userRequestCandidates(cs []requestCandidate, h egress.HTTPRequest) []userrules.RequestCandidate {
+	out := make([]userrules.RequestCandidate, len(cs))
 	for i, c := range cs {
-		obj := c.e.term.Value.(ast.Object).Copy()
-		obj.Insert(keyApplies, ast.BooleanTerm(c.class != selectorMisses))
-		if t := c.e.target; t.Protocol != "" {
-			obj.Insert(keyAllowRules, matchingIndexes(t.Rules, h))
-			obj.Insert(keyDenyRules, matchingIndexes(t.DenyRules, h))
+		out[i] = userrules.RequestCandidate{
+			Candidate: userrules.Candidate{Grant: c.e.grant, Target: c.e.target},
+			Applies:   c.class != selectorMisses,
 		}
-		terms[i] = ast.NewTerm(obj)
+		if t := c.e.target; t.Protocol != "" {
+			out[i].AllowRules = matchingIndexes(t.Rules, h)
+			out[i].DenyRules = matchingIndexes(t.DenyRules, h)
+		}
 	}
-	return terms
+	return out
 }
 
-func matchingIndexes(rules []policy.HTTPRule, h egress.HTTPRequest) *ast.Term {
-	var out []*ast.Term
+func matchingIndexes(rules []policy.HTTPRule, h egress.HTTPRequest) []int {
+	var out []int
 	for i := range rules {
 		if matchRule(&rules[i], h) {
-			out = append(out, ast.IntNumberTerm(i))
+			out = append(out, i)
 		}
 	}
-	return ast.ArrayTerm(out...)
+	return out
 }
-
-var (
-	keyApplies    = ast.StringTerm("applies")
-	keyAllowRules = ast.StringTerm("matching_rules")
-	keyDenyRules  = ast.StringTerm("matching_deny_rules")
-)

@@ -58,28 +58,6 @@ func (m *binaryMatcher) allows(paths []string) bool {
 	return false
 }
 
-// execPaths appends to out input.exec.paths: the executable, its
-// ancestors and the scripts on its command line, without empty or repeated
-// entries; none for a process whose identity cannot be trusted.
-func execPaths(out []string, id egress.Identity) []string {
-	if id.Untrusted != "" {
-		return out
-	}
-	add := func(s string) {
-		if s != "" && !slices.Contains(out, s) {
-			out = append(out, s)
-		}
-	}
-	add(id.Binary)
-	for _, s := range id.Ancestors {
-		add(s)
-	}
-	for _, s := range id.CmdlinePaths {
-		add(s)
-	}
-	return out
-}
-
 // nativeDecision is decision: the first candidate whose grant's binaries
 // allow the process decides; otherwise the first candidate's grant
 // explains the refusal; without candidates nothing matched.

@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-func carried(t *testing.T) string {
+func carriedName(t *testing.T) string {
 	t.Helper()
-	name, err := embeddedName()
+	name, err := program.Name()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func carried(t *testing.T) string {
 // The init program is written once, 0500 in a 0700 directory, and found
 // there by later starts; the programs of other builds go once stale.
 func TestPathWritesOnce(t *testing.T) {
-	name := carried(t)
+	name := carriedName(t)
 	state := t.TempDir()
 	stale := filepath.Join(state, "bin", "corral-init-0000")
 	fresh := filepath.Join(state, "bin", "corral-init-1111")
@@ -72,7 +72,7 @@ func TestPathWritesOnce(t *testing.T) {
 // An init program or directory others could write, or one not ours, is
 // refused rather than run with corral's privileges.
 func TestPathRefusesWhatOthersControl(t *testing.T) {
-	carried(t)
+	carriedName(t)
 	for _, tc := range []struct {
 		name  string
 		spoil func(t *testing.T, prog string)

@@ -10,10 +10,11 @@ import (
 )
 
 // NotLinked fails t for each of forbidden that the package in the current
-// directory links, directly or not.
-func NotLinked(t *testing.T, forbidden []string) {
+// directory links, directly or not, when built with tags (comma-separated,
+// or "").
+func NotLinked(t *testing.T, tags string, forbidden []string) {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	out, err := exec.Command("go", "list", "-tags", tags, "-deps", ".").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}

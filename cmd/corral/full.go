@@ -1,0 +1,7 @@
+//go:build corral_full
+
+package main
+
+// The full program (internal/fullbin): corral with the engine for users'
+// --policy-rules.
+import _ "github.com/corral-sandbox/corral/internal/egress/decide/rego"

@@ -1,0 +1,9 @@
+//go:build corral_full
+
+package fullbin
+
+import "embed"
+
+// embedded is empty: the full program is what the lean one carries, and
+// carries nothing of the kind itself.
+var embedded embed.FS
