@@ -1,16 +1,18 @@
 //go:build linux
 
 // Package capture builds the sandbox side of proxy-mode networking: inside
-// the sandbox's own network namespace it adds a capture link, routes
-// everything to it, installs nftables rules that send DNS and TCP to
-// corral's listeners and drop the rest, and creates those listeners as
-// sockets of this namespace. The sandbox's init runs Setup (as
-// root of its namespaces, before dropping privileges) and hands the sockets
-// to the supervisor, which serves them from the host namespaces.
+// the sandbox's own network namespace it makes every address local (routed
+// to lo), installs nftables rules that send DNS and TCP to corral's
+// listeners and drop the rest, and creates those listeners as sockets of
+// this namespace. The sandbox's init runs Setup (as root of its
+// namespaces, before dropping privileges) and hands the sockets to the
+// supervisor, which serves them from the host namespaces.
 //
-// Nothing here touches the host: the veth pair has both ends in the
-// sandbox's namespace, so there is no forwarding and no host firewall rule,
-// and everything disappears with the namespace.
+// Nothing here touches the host: the namespace has no device but lo, so
+// nothing can leave it except through the listeners, and everything
+// disappears with the namespace. (A veth pair with both ends inside did
+// the routing before; creating it, and deleting it when the namespace goes,
+// cost each start milliseconds.)
 package capture
 
 import (
@@ -39,15 +41,9 @@ var DefaultConfig = Config{DNSPort: 53, TransparentPort: 15001, HTTPProxyPort: 3
 // the namespace besides loopback.
 var Addr = netclass.CaptureAddr
 
-// Addr6 is given to the capture link only so that IPv6 connect() has a
-// source address and a route; nothing listens on it.
+// Addr6 is the IPv6 source address of the sandbox's connections, the
+// counterpart of Addr; nothing listens on it.
 var Addr6 = netip.MustParseAddr("fd00:c0ff::1")
-
-// Names of the capture link's two ends.
-const (
-	LinkName = "corral0"
-	PeerName = "corral1"
-)
 
 func (c Config) validate() error {
 	ports := map[string]uint16{"DNS": c.DNSPort, "transparent": c.TransparentPort, "HTTP proxy": c.HTTPProxyPort, "SOCKS": c.SOCKSPort}
@@ -77,7 +73,7 @@ func Setup(cfg Config) (*Listeners, error) {
 		return nil, err
 	}
 	v6, why := ipv6Available()
-	if err := setupLink(v6); err != nil {
+	if err := routeAllToLoopback(v6); err != nil {
 		return nil, err
 	}
 	if err := installRules(cfg); err != nil {
@@ -109,32 +105,16 @@ func ipv6Available() (bool, string) {
 	return true, ""
 }
 
-func setupLink(v6 bool) error {
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: LinkName}, PeerName: PeerName}
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("capture: create veth %s/%s: %w", LinkName, PeerName, err)
-	}
-	link, err := netlink.LinkByName(LinkName)
+// routeAllToLoopback puts the capture addresses on lo and makes every
+// other address local as well (a "local" default route in the local
+// table), so that connect() to any address succeeds in routing and so
+// reaches the OUTPUT hook, where the rules decide. The routes prefer the
+// capture addresses as source, so the supervisor always sees the same
+// client address in each family.
+func routeAllToLoopback(v6 bool) error {
+	lo, err := netlink.LinkByName("lo")
 	if err != nil {
-		return fmt.Errorf("capture: find %s: %w", LinkName, err)
-	}
-	peer, err := netlink.LinkByName(PeerName)
-	if err != nil {
-		return fmt.Errorf("capture: find %s: %w", PeerName, err)
-	}
-	if v6 {
-		// A namespace may inherit disable_ipv6=1 for new devices; the
-		// capture link needs IPv6 for the v6 address and route.
-		p := "/proc/sys/net/ipv6/conf/" + LinkName + "/disable_ipv6"
-		if err := os.WriteFile(p, []byte("0"), 0); err != nil {
-			return fmt.Errorf("capture: enable IPv6 on %s: %w", LinkName, err)
-		}
-	}
-	// The peer must be up too, or the link has no carrier.
-	for _, l := range []netlink.Link{link, peer} {
-		if err := netlink.LinkSetUp(l); err != nil {
-			return fmt.Errorf("capture: bring up %s: %w", l.Attrs().Name, err)
-		}
+		return fmt.Errorf("capture: find lo: %w", err)
 	}
 	addrs := []netip.Addr{Addr}
 	if v6 {
@@ -148,26 +128,23 @@ func setupLink(v6 bool) error {
 			// two and cannot be used as a source or bound.
 			na.Flags = unix.IFA_F_NODAD
 		}
-		if err := netlink.AddrAdd(link, na); err != nil {
-			return fmt.Errorf("capture: add %s to %s: %w", a, LinkName, err)
+		if err := netlink.AddrAdd(lo, na); err != nil {
+			return fmt.Errorf("capture: add %s to lo: %w", a, err)
 		}
-		// A default route through the capture link makes connect() to any
-		// address succeed in routing and so reach the OUTPUT hook, where
-		// the rules decide. The source is pinned to the capture address so
-		// the supervisor always sees the same client address family.
-		zero, scope := net.IPv4zero, netlink.SCOPE_LINK
+		zero := net.IPv4zero
 		if a.Is6() {
-			// IPv6 routes carry no scope; `ip -6 route` uses universe.
-			zero, scope = net.IPv6zero, netlink.SCOPE_UNIVERSE
+			zero = net.IPv6zero
 		}
 		r := &netlink.Route{
-			LinkIndex: link.Attrs().Index,
-			Scope:     scope,
+			LinkIndex: lo.Attrs().Index,
+			Type:      unix.RTN_LOCAL,
+			Table:     unix.RT_TABLE_LOCAL,
+			Scope:     netlink.SCOPE_HOST,
 			Dst:       &net.IPNet{IP: zero, Mask: net.CIDRMask(0, bits)},
 			Src:       a.AsSlice(),
 		}
 		if err := netlink.RouteAdd(r); err != nil {
-			return fmt.Errorf("capture: add default route via %s (%s): %w", LinkName, a, err)
+			return fmt.Errorf("capture: route every address to lo (source %s): %w", a, err)
 		}
 	}
 	return nil

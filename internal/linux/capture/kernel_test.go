@@ -39,7 +39,7 @@ func requireRoot(t *testing.T) {
 	if os.Geteuid() == 0 {
 		return
 	}
-	skipOrFail(t, "needs root (CAP_NET_ADMIN to create a network namespace, veth and nftables rules)")
+	skipOrFail(t, "needs root (CAP_NET_ADMIN to create a network namespace, routes and nftables rules)")
 }
 
 // childReport maps probe names to "OK" or what went wrong.
@@ -106,7 +106,7 @@ func runChild(t *testing.T, attr *syscall.SysProcAttr) {
 		t.Fatalf("Setup: %s", rep.Setup)
 	}
 	want := []string{
-		"transparent4", "transparent4_capture_addr", "transparent4_proxy_port_elsewhere", "dns_udp", "dns_udp_capture_addr", "dns_tcp", "udp_other_dropped",
+		"only_loopback", "transparent4", "transparent4_capture_addr", "transparent4_proxy_port_elsewhere", "dns_udp", "dns_udp_capture_addr", "dns_tcp", "udp_other_dropped",
 		"icmp_raw_dropped", "http_proxy", "socks", "handoff_roundtrip", "handoff_wrong_order",
 	}
 	if rep.IPv6 {
@@ -161,6 +161,19 @@ func childMain() int {
 	tcpTo := func(lf *os.File, dial string, wantOrig string) func() error {
 		return func() error { return tcpProbe(lf, dial, wantOrig) }
 	}
+	// No device but lo: nothing the rules let through can leave.
+	probe("only_loopback", func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, k := range links {
+			if k.Attrs().Name != "lo" {
+				return fmt.Errorf("the namespace has a device %s", k.Attrs().Name)
+			}
+		}
+		return nil
+	})
 	probe("transparent4", tcpTo(l.Transparent4, "203.0.113.9:443", "203.0.113.9:443"))
 	// Only the proxy ports of the capture address are exempt.
 	probe("transparent4_capture_addr", tcpTo(l.Transparent4, "198.19.255.254:80", "198.19.255.254:80"))
@@ -232,6 +245,12 @@ func tcpProbe(lf *os.File, dial, wantOrig string) error {
 	defer r.c.Close()
 	if r.c.RemoteAddr().String() != c.LocalAddr().String() {
 		return fmt.Errorf("accepted %s, dialer is %s", r.c.RemoteAddr(), c.LocalAddr())
+	}
+	// The supervisor sees one client address per family, whatever the
+	// destination; loopback stays loopback.
+	src := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr()
+	if want := map[bool]netip.Addr{false: Addr, true: Addr6}[src.Is6()]; !src.IsLoopback() && src != want {
+		return fmt.Errorf("connection from %s, want %s", src, want)
 	}
 	orig, err := ConnOriginalDst(r.c)
 	if err != nil {
@@ -324,7 +343,10 @@ func TestRules(t *testing.T) {
 		"add rule inet corral capture udp dport 53 redirect to :5353",
 		"add rule inet corral capture tcp dport 53 redirect to :5353",
 		"add rule inet corral capture meta l4proto tcp redirect to :15001",
-		`add rule inet corral egress oifname "lo" accept`,
+		"add rule inet corral egress ip daddr 127.0.0.0/8 accept",
+		"add rule inet corral egress ip daddr 198.19.255.254 accept",
+		"add rule inet corral egress ip6 daddr ::1 accept",
+		"add rule inet corral egress ip6 daddr fd00:c0ff::1 accept",
 		"add rule inet corral egress ct status dnat accept",
 	} {
 		if !strings.Contains(got, want) {

@@ -94,14 +94,6 @@ func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
 func be16(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
-// ifname pads an interface name the way the kernel stores it, so the
-// comparison is an exact match and not a prefix match.
-func ifname(n string) []byte {
-	b := make([]byte, unix.IFNAMSIZ)
-	copy(b, n)
-	return b
-}
-
 func concat(parts ...[]expr.Any) []expr.Any {
 	var out []expr.Any
 	for _, p := range parts {
@@ -148,18 +140,21 @@ func ruleSet(cfg Config) []rule {
 		// which recovers the destination with SO_ORIGINAL_DST.
 		rule{NATChain, fmt.Sprintf("meta l4proto tcp redirect to :%d", cfg.TransparentPort),
 			concat(l4proto(tcp), redirect(cfg.TransparentPort))},
-		// Traffic that was routed to lo from the start: loopback and the
-		// capture address (the explicit proxies).
-		rule{FilterChain, `oifname "lo" accept`,
-			concat([]expr.Any{
-				&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: ifname("lo")},
-			}, []expr.Any{verdict(expr.VerdictAccept)})},
-		// Traffic the capture chain redirected. The NAT hook re-routes it
-		// to lo, but the hook state (what oifname reads) keeps the device
-		// of the original route, corral0, so it needs its own rule.
-		// Anything else is headed for the capture link (UDP other than 53,
-		// ICMP, raw, SCTP, ...) and meets the drop policy.
+		// Traffic to the namespace's own addresses: loopback (the
+		// workload's own local services) and the capture address (the
+		// explicit proxies). Every other address is local too (the
+		// capture routes them all to lo), so the addresses, not the
+		// device, tell these apart.
+		rule{FilterChain, "ip daddr 127.0.0.0/8 accept",
+			concat(nfproto(v4), ip4Daddr(loop4), []expr.Any{verdict(expr.VerdictAccept)})},
+		rule{FilterChain, fmt.Sprintf("ip daddr %s accept", Addr),
+			concat(nfproto(v4), ip4Daddr(netip.PrefixFrom(Addr, 32)), []expr.Any{verdict(expr.VerdictAccept)})},
+		rule{FilterChain, "ip6 daddr ::1 accept",
+			concat(nfproto(v6), ip6Daddr(netip.IPv6Loopback()), []expr.Any{verdict(expr.VerdictAccept)})},
+		rule{FilterChain, fmt.Sprintf("ip6 daddr %s accept", Addr6),
+			concat(nfproto(v6), ip6Daddr(Addr6), []expr.Any{verdict(expr.VerdictAccept)})},
+		// Traffic the capture chain redirected. Anything else (UDP other
+		// than 53, ICMP, raw, SCTP, ...) meets the drop policy.
 		rule{FilterChain, "ct status dnat accept",
 			[]expr.Any{
 				&expr.Ct{Key: expr.CtKeySTATUS, Register: reg},
