@@ -3,6 +3,7 @@ package initproc
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -261,7 +263,7 @@ func verifyInherited() error {
 // here (the init has not reaped it), so its status is readable; one its
 // filter killed shows seccomp mode 3 (dead), which only a filter sets.
 func verifyWorkload(pid int, u plan.User) error {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	b, err := readStatus(pid)
 	if err != nil {
 		return fmt.Errorf("read the workload's status: %w", err)
 	}
@@ -293,6 +295,26 @@ func verifyWorkload(pid int, u plan.User) error {
 		return fmt.Errorf("the workload's status lacks %v", slices.Sorted(maps.Keys(want)))
 	}
 	return nil
+}
+
+// readStatus reads /proc/PID/status of a workload that has just exec'd.
+// ForkExec returns when the exec closes its close-on-exec descriptors, a
+// moment before the kernel marks the new image dumpable again (the init,
+// whose memory it inherited, is not dumpable). Rootless, the init shares
+// the workload's uid but holds no CAP_SYS_PTRACE, so /proc, mounted with
+// hidepid=invisible, hides a workload caught in that moment: ENOENT. The
+// read is tried again until the exec has finished; a workload that exited
+// meanwhile stays visible as a zombie, since the init has not reaped it.
+func readStatus(pid int) ([]byte, error) {
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
+			return b, err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func lastCap() (int, error) {
