@@ -6,9 +6,9 @@ import (
 	"github.com/corral-sandbox/corral/internal/testutil/linkcheck"
 )
 
-// What only the gateway needs stays out of both programs, and OPA out of
-// the corral that starts with every sandbox: every package a program links
-// is initialised on each start.
+// What only the gateway's server needs stays out of both programs, and OPA
+// and the gateway client out of the corral that starts with every sandbox:
+// every package a program links is initialised on each start.
 var neither = []string{
 	"modernc.org/sqlite",
 	"github.com/jackc/pgx/v5",
@@ -17,11 +17,16 @@ var neither = []string{
 	"database/sql",
 }
 
-func TestLeanLinksNoOPA(t *testing.T) {
+func TestLeanLinksNoOPAOrGatewayClient(t *testing.T) {
 	linkcheck.NotLinked(t, "", append([]string{
 		"github.com/open-policy-agent/opa/v1/ast",
 		"github.com/open-policy-agent/opa/v1/topdown",
 		"github.com/corral-sandbox/corral/internal/egress/decide/rego",
+		"google.golang.org/protobuf/proto",
+		"connectrpc.com/connect",
+		"github.com/corral-sandbox/corral/internal/gatewayclient",
+		"github.com/corral-sandbox/corral/internal/gatewaylink",
+		"github.com/corral-sandbox/corral/internal/cli/fleet",
 	}, neither...))
 }
 

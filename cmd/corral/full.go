@@ -3,5 +3,8 @@
 package main
 
 // The full program (internal/fullbin): corral with the engine for users'
-// --policy-rules.
-import _ "github.com/corral-sandbox/corral/internal/egress/decide/rego"
+// --policy-rules and the CLI's side of a gateway.
+import (
+	_ "github.com/corral-sandbox/corral/internal/cli/fleet"
+	_ "github.com/corral-sandbox/corral/internal/egress/decide/rego"
+)

@@ -55,7 +55,7 @@ With a single running sandbox --sandbox may be left out.`,
 			}
 		}
 		if draftFlags.json {
-			return printJSON(cmd.OutOrStdout(), out)
+			return PrintJSON(cmd.OutOrStdout(), out)
 		}
 		return draftTable(cmd.OutOrStdout(), out, all)
 	},
@@ -126,7 +126,8 @@ func draftCall(cmd *cobra.Command, op string, args control.DraftArgs, out any) e
 	return nil
 }
 
-func printJSON(w io.Writer, v any) error {
+// PrintJSON writes v as indented JSON.
+func PrintJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
@@ -165,13 +166,14 @@ func draftTable(w io.Writer, list []sandbox.DraftDetail, withState bool) error {
 		if withState {
 			state = string(d.State) + "\t"
 		}
-		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%d\t%d\t%s\t%s\n", d.ID, state, hostPort, orDash(bin), d.Chunk.Stage, hits,
+		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%d\t%d\t%s\t%s\n", d.ID, state, hostPort, OrDash(bin), d.Chunk.Stage, hits,
 			time.Since(d.Created).Round(time.Second), strings.Join(notes, ", "))
 	}
 	return tw.Flush()
 }
 
-func orDash(s string) string {
+// OrDash is s, or "-" for an empty table cell.
+func OrDash(s string) string {
 	if s == "" {
 		return "-"
 	}
@@ -189,7 +191,7 @@ func newDraftShowCmd() *cobra.Command {
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), d)
+				return PrintJSON(cmd.OutOrStdout(), d)
 			}
 			return showDraft(cmd.OutOrStdout(), d)
 		},
@@ -225,7 +227,7 @@ func showDraft(w io.Writer, d sandbox.DraftDetail) error {
 	if len(d.Entries) > 0 {
 		fmt.Fprintln(w, "\ndenials:")
 		for _, e := range d.Entries {
-			fmt.Fprintf(w, "  %s:%d %s ×%d (%s)", e.Host, e.Port, orDash(e.Binary), e.Count, e.Reason)
+			fmt.Fprintf(w, "  %s:%d %s ×%d (%s)", e.Host, e.Port, OrDash(e.Binary), e.Count, e.Reason)
 			if e.Cmdline != "" {
 				fmt.Fprintf(w, "  $ %s", e.Cmdline)
 			}
@@ -238,7 +240,7 @@ func showDraft(w io.Writer, d sandbox.DraftDetail) error {
 	if len(d.History) > 0 {
 		fmt.Fprintln(w, "\nhistory:")
 		for _, t := range d.History {
-			fmt.Fprintf(w, "  %s  %s → %s  by %s  %s\n", t.At.Local().Format(time.RFC3339), orDash(string(t.From)), t.To, t.Actor.User, t.Reason)
+			fmt.Fprintf(w, "  %s  %s → %s  by %s  %s\n", t.At.Local().Format(time.RFC3339), OrDash(string(t.From)), t.To, t.Actor.User, t.Reason)
 		}
 	}
 	return nil
@@ -264,7 +266,7 @@ wildcards, interpreters, any binary, internal addresses), which need
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), res)
+				return PrintJSON(cmd.OutOrStdout(), res)
 			}
 			failed := 0
 			for _, r := range res {
@@ -306,7 +308,7 @@ func newDraftRejectCmd() *cobra.Command {
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), d)
+				return PrintJSON(cmd.OutOrStdout(), d)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "draft %s rejected\n", d.ID)
 			return nil
@@ -329,7 +331,7 @@ func newDraftUndoCmd() *cobra.Command {
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), d)
+				return PrintJSON(cmd.OutOrStdout(), d)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "draft %s undone\n", d.ID)
 			return nil
@@ -350,13 +352,13 @@ func newDraftHistoryCmd() *cobra.Command {
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), hist)
+				return PrintJSON(cmd.OutOrStdout(), hist)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TIME\tDRAFT\tFROM\tTO\tBY\tREASON")
 			for _, t := range hist {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.At.Local().Format(time.RFC3339), orDash(t.Draft), orDash(string(t.From)),
-					orDash(string(t.To)), t.Actor.User, t.Reason)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.At.Local().Format(time.RFC3339), OrDash(t.Draft), OrDash(string(t.From)),
+					OrDash(string(t.To)), t.Actor.User, t.Reason)
 			}
 			return tw.Flush()
 		},
@@ -422,7 +424,7 @@ func newDraftRetryCmd() *cobra.Command {
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), out)
+				return PrintJSON(cmd.OutOrStdout(), out)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s may be proposed again; %d new draft(s)\n", args[0], len(out))
 			for _, d := range out {
@@ -444,7 +446,7 @@ func newDraftRefineCmd() *cobra.Command {
 				return err
 			}
 			if draftFlags.json {
-				return printJSON(cmd.OutOrStdout(), out)
+				return PrintJSON(cmd.OutOrStdout(), out)
 			}
 			for _, d := range out {
 				fmt.Fprintf(cmd.OutOrStdout(), "draft %s proposed (stage %d): corral draft show %s\n", d.ID, d.Chunk.Stage, d.ID)

@@ -15,7 +15,7 @@ import (
 )
 
 func newPsCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf GatewayFlags
 	var stateDir string
 	var local bool
 	cmd := &cobra.Command{
@@ -25,16 +25,19 @@ func newPsCmd() *cobra.Command {
 pid, command, policy and start time.
 
 With a gateway configured (see below) list the gateway's sandboxes instead,
-as corral sandbox list does; --local lists this host's anyway.` + "\n" + gatewayHelp,
+as corral sandbox list does; --local lists this host's anyway.` + "\n" + GatewayHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !local {
-				remote, err := gf.configured()
+				remote, err := gf.Configured()
 				if err != nil {
 					return err
 				}
 				if remote {
-					return listSandboxes(cmd, &gf, nil, false)
+					if full == nil {
+						return runFull("corral ps with a gateway", stateDir)
+					}
+					return full.ListSandboxes(cmd, &gf)
 				}
 			}
 			state := orStateDir(stateDir)
@@ -60,7 +63,7 @@ as corral sandbox list does; --local lists this host's anyway.` + "\n" + gateway
 	}
 	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory (default: /var/lib/corral as root, else $XDG_STATE_HOME/corral)")
 	cmd.Flags().BoolVar(&local, "local", false, "list this host's sandboxes even when a gateway is configured")
-	gf.add(cmd)
+	gf.Add(cmd)
 	return cmd
 }
 

@@ -53,7 +53,8 @@ resource limits a laptop survives.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd(), draftCmd, newGatewayCmd(), newSandboxCmd(), newLogsCmd())
+	root.AddCommand(newRunCmd(), newPsCmd(), newPolicyCmd(), newVersionCmd(), draftCmd)
+	root.AddCommand(fullCommands("")...)
 	root.SetArgs(args)
 	root.SetIn(in)
 	root.SetOut(out)

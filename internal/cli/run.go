@@ -23,7 +23,6 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
-	"github.com/corral-sandbox/corral/internal/fullbin"
 	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/netclass"
@@ -166,15 +165,19 @@ func validSession(s string) bool { return len(s) <= 64 && sessionName.MatchStrin
 
 func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	setupFailed := func(err error) error { return &exitError{code: sandbox.ExitSetupFailed, err: err} }
-	if f.policyRules != "" && !userrules.Available() {
-		// OPA is in the full program only (internal/fullbin), so that no
-		// other run pays for its initialisation; it runs this command
-		// line again from the start.
+	// OPA and the gateway client are in the full program only
+	// (internal/fullbin), so that no other run pays for initialising
+	// them; it runs this command line again from the start.
+	if needs := fullRunNeeds(f); needs != "" {
 		state, err := filepath.Abs(orStateDir(f.stateDir))
-		if err == nil {
-			err = fullbin.Exec(state, os.Args)
+		if err != nil {
+			return setupFailed(err)
 		}
-		return setupFailed(fmt.Errorf("--policy-rules: %w", err))
+		err = runFull(needs, state)
+		if ee, ok := err.(*exitError); ok {
+			err = ee.err
+		}
+		return setupFailed(err)
 	}
 	var tr *trace.Tracer
 	if f.trace || os.Getenv(trace.Env) == "1" {
@@ -236,7 +239,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		return setupFailed(err)
 	}
 	policySpec := f.policy
-	var gw *sandbox.Gateway
+	var gw sandbox.GatewayLink
 	if f.gateway != "" {
 		var gwPol *policy.Policy
 		if gw, gwPol, err = connectGateway(cmd, f, state, argv, workdir, log, aud); err != nil {
@@ -402,9 +405,20 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	return nil
 }
 
+// fullRunNeeds names what of f only the full program has, or "".
+func fullRunNeeds(f runFlags) string {
+	switch {
+	case f.policyRules != "" && !userrules.Available():
+		return "--policy-rules"
+	case f.gateway != "" && full == nil:
+		return "--gateway"
+	}
+	return ""
+}
+
 // connectGateway connects to --gateway and returns the policy it gives
 // the sandbox, nil when it has none.
-func connectGateway(cmd *cobra.Command, f runFlags, state string, argv []string, workdir string, log *slog.Logger, aud *audit.Logger) (*sandbox.Gateway, *policy.Policy, error) {
+func connectGateway(cmd *cobra.Command, f runFlags, state string, argv []string, workdir string, log *slog.Logger, aud *audit.Logger) (sandbox.GatewayLink, *policy.Policy, error) {
 	if f.gatewayCA == "" || f.gatewayToken == "" {
 		return nil, nil, errors.New("--gateway needs --gateway-ca and --gateway-token-file")
 	}
@@ -421,7 +435,7 @@ func connectGateway(cmd *cobra.Command, f runFlags, state string, argv []string,
 			return nil, nil, fmt.Errorf("--policy: %w", err)
 		}
 	}
-	return sandbox.ConnectGateway(cmd.Context(), sandbox.GatewayOptions{
+	return full.ConnectGateway(cmd.Context(), sandbox.GatewayOptions{
 		URL: f.gateway, CAFile: f.gatewayCA, TokenFile: f.gatewayToken, StateDir: state,
 		Name: f.name, Labels: f.labels, Argv: argv, Workdir: workdir, Policy: joinPolicy, Log: log,
 	}, aud)

@@ -1,9 +1,10 @@
 // Package fullbin carries corral's full program inside the lean one that
-// users run. The lean corral leaves out what only some runs need and what
-// every start would pay to initialise (OPA, for --policy-rules); the full
-// program is the same corral with it linked in (cmd/corral built with the
-// corral_full tag). A command that needs it re-executes as the full
-// program, which the first such run writes to the state directory.
+// users run. The lean corral leaves out what only some commands need and
+// every start would pay to initialise (OPA, for --policy-rules; the gateway
+// client's protobuf and Connect code); the full program is the same corral
+// with them linked in (cmd/corral built with the corral_full tag). A
+// command that needs it re-executes as the full program, which the first
+// such command writes to the state directory.
 package fullbin
 
 //go:generate go generate ../sandbox/initbin

@@ -1,3 +1,10 @@
+// Package gatewayclient is where the corral CLI calls a gateway: it builds
+// the Connect clients (gRPC over TLS, HTTP/2) for the gateway gatewayconf
+// resolves and turns their errors into messages a user can act on. Only
+// corral's full program links it (internal/fullbin).
+//
+// It imports nothing of the gateway's server side, so corral stays free of
+// SQL drivers and Prometheus.
 package gatewayclient
 
 import (
@@ -16,11 +23,12 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
+	"github.com/corral-sandbox/corral/internal/gatewayconf"
 )
 
 // Client holds the user-facing services of one gateway.
 type Client struct {
-	Target    Target
+	Target    gatewayconf.Target
 	Sandboxes gatewayv1connect.SandboxServiceClient
 	Policies  gatewayv1connect.PolicyServiceClient
 	Logs      gatewayv1connect.LogServiceClient
@@ -31,7 +39,7 @@ type Client struct {
 }
 
 // New builds the clients for t; nothing is dialled until the first call.
-func New(t Target) (*Client, error) {
+func New(t gatewayconf.Target) (*Client, error) {
 	tr, err := Transport(t.CAFile)
 	if err != nil {
 		return nil, err
@@ -58,7 +66,7 @@ func Transport(caFile string) (*http.Transport, error) {
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("gateway CA: %w (check --gateway-ca or $%s)", err, EnvCA)
+			return nil, fmt.Errorf("gateway CA: %w (check --gateway-ca or $%s)", err, gatewayconf.EnvCA)
 		}
 		roots := x509.NewCertPool()
 		if !roots.AppendCertsFromPEM(pem) {

@@ -31,7 +31,7 @@ func BenchmarkHeldConnections(b *testing.B) {
 	corral := os.Getenv("CORRAL_BIN")
 	if corral == "" {
 		corral = filepath.Join(dir, "corral")
-		gobuild(b, corral, "github.com/corral-sandbox/corral/cmd/corral")
+		buildCorral(b, corral)
 	}
 	attack := filepath.Join(dir, "w", "attack")
 	gobuild(b, attack, "github.com/corral-sandbox/corral/test/e2e/attack")
@@ -65,10 +65,24 @@ func BenchmarkHeldConnections(b *testing.B) {
 
 func gobuild(b *testing.B, out, pkg string) {
 	b.Helper()
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+	goCmd(b, "build", "-o", out, pkg)
+}
+
+// buildCorral builds corral as installed: carrying the init and the full
+// program built from these sources (go generate), not whatever an earlier
+// generate left in the tree.
+func buildCorral(b *testing.B, out string) {
+	b.Helper()
+	goCmd(b, "generate", "github.com/corral-sandbox/corral/internal/fullbin")
+	gobuild(b, out, "github.com/corral-sandbox/corral/cmd/corral")
+}
+
+func goCmd(b *testing.B, args ...string) {
+	b.Helper()
+	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if o, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("build %s: %v\n%s", pkg, err, o)
+		b.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, o)
 	}
 }
 

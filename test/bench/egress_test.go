@@ -100,11 +100,7 @@ func setup(b *testing.B) *env {
 	}
 	dir := b.TempDir()
 	e := &env{corral: filepath.Join(dir, "corral"), workdir: filepath.Join(dir, "w"), state: filepath.Join(dir, "state"), script: "client.py"}
-	build := exec.Command("go", "build", "-o", e.corral, "github.com/corral-sandbox/corral/cmd/corral")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("build corral: %v\n%s", err, out)
-	}
+	buildCorral(b, e.corral)
 	if err := os.MkdirAll(e.workdir, 0o755); err != nil {
 		b.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func startBenchGateway(b *testing.B, extra ...string) *benchGateway {
 	corral := os.Getenv("CORRAL_BIN")
 	if corral == "" {
 		corral = filepath.Join(dir, "corral")
-		gobuild(b, corral, "github.com/corral-sandbox/corral/cmd/corral")
+		buildCorral(b, corral)
 	}
 	bin := filepath.Join(dir, "corral-gateway")
 	gobuild(b, bin, "github.com/corral-sandbox/corral/cmd/corral-gateway")

@@ -79,7 +79,7 @@ func BenchmarkTunnelCurl(b *testing.B) {
 	corral := os.Getenv("CORRAL_BIN")
 	if corral == "" {
 		corral = filepath.Join(dir, "corral")
-		gobuild(b, corral, "github.com/corral-sandbox/corral/cmd/corral")
+		buildCorral(b, corral)
 	}
 	work, state, root := filepath.Join(dir, "w"), filepath.Join(dir, "state"), filepath.Join(dir, "www")
 	for _, d := range []string{work, root} {

@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"context"
@@ -14,6 +14,13 @@ import (
 
 // reportWhenStored waits until the gateway holds version v of the
 // sandbox's policy and reports it as the supervisor would.
+
+// Two policies to set at a sandbox, one after the other.
+const (
+	mirrorPolicy = "version: 1\nnetwork_policies:\n  mirror:\n    endpoints: [{host: mirror.test, port: 443}]\n"
+	otherPolicy  = "version: 1\nnetwork_policies:\n  other:\n    endpoints: [{host: other.test, port: 443}]\n"
+)
+
 func (g *testGateway) reportWhenStored(id string, v int64, st gatewayv1.PolicyStatus, msg string) <-chan error {
 	done := make(chan error, 1)
 	sup := g.supervisor(id)
@@ -43,8 +50,8 @@ func TestPolicyThroughGateway(t *testing.T) {
 	g.useEnv()
 	id := g.createExternal("p")
 	g.reportPhase(id, gatewayv1.Phase_PHASE_READY, nil)
-	mirror := writeTemp(t, "mirror.yaml", ranPolicy)
-	other := writeTemp(t, "other.yaml", laterPolicy)
+	mirror := writeTemp(t, "mirror.yaml", mirrorPolicy)
+	other := writeTemp(t, "other.yaml", otherPolicy)
 
 	r := runCorral(t, "", "policy", "get", "--sandbox", id)
 	if r.code != 0 {
@@ -140,7 +147,7 @@ func TestPolicyThroughGateway(t *testing.T) {
 // --local), policy set goes to the control socket as before.
 func TestPolicySetWithoutGatewayStaysLocal(t *testing.T) {
 	g := startTestGateway(t)
-	mirror := writeTemp(t, "mirror.yaml", ranPolicy)
+	mirror := writeTemp(t, "mirror.yaml", mirrorPolicy)
 	state := t.TempDir()
 	local := func(r cliResult) {
 		t.Helper()

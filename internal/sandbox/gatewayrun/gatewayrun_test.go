@@ -1,4 +1,4 @@
-package sandbox
+package gatewayrun
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/reload"
+	"github.com/corral-sandbox/corral/internal/sandbox"
 )
 
 const gatewaySecretPolicy = `version: 1
@@ -97,7 +98,7 @@ func (h *gatewayHarness) swapped() string {
 // the audit trail or the log.
 func TestGatewaySecretUpdate(t *testing.T) {
 	h := newGatewayHarness(t)
-	handlers := h.g.handlers(GatewayTargets{Policy: h.r, Secrets: h.set})
+	handlers := h.g.handlers(sandbox.GatewayTargets{Policy: h.r, Secrets: h.set})
 	if got := h.swapped(); got != firstValue {
 		t.Fatalf("start: swapped %q", got)
 	}
@@ -126,7 +127,7 @@ func TestGatewaySecretUpdate(t *testing.T) {
 func TestGatewayRoutesUpdate(t *testing.T) {
 	h := newGatewayHarness(t)
 	var applied []inference.Config
-	handlers := h.g.handlers(GatewayTargets{Policy: h.r, Secrets: h.set, Routes: func(c inference.Config) error {
+	handlers := h.g.handlers(sandbox.GatewayTargets{Policy: h.r, Secrets: h.set, Routes: func(c inference.Config) error {
 		applied = append(applied, c)
 		return nil
 	}})
@@ -145,7 +146,7 @@ func TestGatewayRoutesUpdate(t *testing.T) {
 	if !strings.Contains(h.audit.String(), `"source":"gateway:routes v3"`) || !strings.Contains(h.logs.String(), "model routes from the gateway refused") {
 		t.Errorf("bad routes not reported:\n%s\n%s", h.audit, h.logs)
 	}
-	fixed := h.g.handlers(GatewayTargets{Policy: h.r, RoutesFixed: "--inference-routes given locally wins"})
+	fixed := h.g.handlers(sandbox.GatewayTargets{Policy: h.r, RoutesFixed: "--inference-routes given locally wins"})
 	if err := fixed.Routes(4, []byte(good)); err != nil || len(applied) != 1 {
 		t.Fatalf("routes applied although fixed locally: %v", err)
 	}

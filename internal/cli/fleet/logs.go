@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
 )
@@ -28,13 +29,13 @@ import (
 const logsPage = 1000
 
 func newLogsCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var all, follow, asJSON bool
 	var event, level, since string
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "logs SANDBOX|--all [--follow] [--event NAME] [--level LEVEL] [--since 10m] [--json] [--limit N]",
-		Short: "Print the logs and audit events the gateway keeps for sandboxes",
+		Short: cli.FullShort("", "logs"),
 		Long: `Print what the supervisors of SANDBOX (or, with --all, of every sandbox)
 pushed to the gateway: audit events, warnings and phase changes, oldest
 first. --follow keeps printing new entries until interrupted. --event keeps
@@ -46,34 +47,34 @@ A line is: time, sandbox (with --all), level, event, message, then the
 event's other fields as key=value. --json prints each entry as one JSON
 object per line, the event's own fields under "fields". When a supervisor
 had to drop lines before they reached the gateway, their count is printed
-on standard error.` + "\n" + gatewayHelp,
+on standard error.` + "\n" + cli.GatewayHelp,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			q := &gatewayv1.LogQuery{All: all, Event: event, MinLevel: level}
 			switch {
 			case all && len(args) == 1:
-				return &exitError{code: 2, err: errors.New("name a SANDBOX or pass --all, not both")}
+				return cli.Exit(2, errors.New("name a SANDBOX or pass --all, not both"))
 			case !all && len(args) == 0:
-				return &exitError{code: 2, err: errors.New("name a SANDBOX (see corral sandbox list) or pass --all")}
+				return cli.Exit(2, errors.New("name a SANDBOX (see corral sandbox list) or pass --all"))
 			case len(args) == 1:
 				q.SandboxId = args[0]
 			}
 			switch level {
 			case "", "debug", "info", "warn", "error":
 			default:
-				return &exitError{code: 2, err: fmt.Errorf("--level %q: want debug, info, warn or error", level)}
+				return cli.Exit(2, fmt.Errorf("--level %q: want debug, info, warn or error", level))
 			}
 			if limit < 0 || (limit > 0 && follow) {
-				return &exitError{code: 2, err: errors.New("--limit takes a positive N and does not go with --follow")}
+				return cli.Exit(2, errors.New("--limit takes a positive N and does not go with --follow"))
 			}
 			if since != "" {
 				t, err := parseSince(since, time.Now())
 				if err != nil {
-					return &exitError{code: 2, err: err}
+					return cli.Exit(2, err)
 				}
 				q.Since = timestamppb.New(t)
 			}
-			c, err := gf.dial()
+			c, err := dial(&gf)
 			if err != nil {
 				return err
 			}
@@ -85,7 +86,7 @@ on standard error.` + "\n" + gatewayHelp,
 			return queryLogs(cmd, c, q, limit, p)
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	cmd.Flags().BoolVar(&all, "all", false, "every sandbox's logs")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new entries until interrupted")
 	cmd.Flags().StringVar(&event, "event", "", "only this event, e.g. net.connect.denied")
@@ -213,7 +214,7 @@ func (p logPrinter) print(e *gatewayv1.LogEntry) error {
 	if p.all {
 		b.WriteString(" " + e.SandboxId)
 	}
-	fmt.Fprintf(&b, " %-5s %s", strings.ToUpper(orDash(e.Level)), orDash(e.Event))
+	fmt.Fprintf(&b, " %-5s %s", strings.ToUpper(cli.OrDash(e.Level)), cli.OrDash(e.Event))
 	if e.Message != "" {
 		b.WriteString(" " + e.Message)
 	}

@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
 )
@@ -25,14 +26,14 @@ func newGatewaySecretCmd() *cobra.Command {
 		Short: "Keep named credentials at the gateway for policies' from_gateway secrets",
 		Long: `Credentials kept at the gateway are sealed there (AES-256-GCM) and never read
 back: a policy secret with from_gateway: NAME receives the value over its
-supervisor's authenticated stream, and the workload sees only a surrogate.` + "\n" + gatewayHelp,
+supervisor's authenticated stream, and the workload sees only a surrogate.` + "\n" + cli.GatewayHelp,
 	}
 	cmd.AddCommand(newGatewaySecretSetCmd(), newGatewaySecretListCmd(), newGatewaySecretDeleteCmd())
 	return cmd
 }
 
 func newGatewaySecretSetCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var fromFile string
 	cmd := &cobra.Command{
 		Use:   "set NAME [--from-file FILE]",
@@ -41,7 +42,7 @@ func newGatewaySecretSetCmd() *cobra.Command {
 whose policy names it get the new value at once. The value is read from
 --from-file, else from standard input, never from a flag, so it stays out
 of the shell's history and the process list; one trailing newline is
-dropped.` + "\n" + gatewayHelp,
+dropped.` + "\n" + cli.GatewayHelp,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in := cmd.InOrStdin()
@@ -49,21 +50,21 @@ dropped.` + "\n" + gatewayHelp,
 			if fromFile != "" {
 				f, err := os.Open(fromFile)
 				if err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("--from-file: %w", err)}
+					return cli.Exit(2, fmt.Errorf("--from-file: %w", err))
 				}
 				defer f.Close()
 				in, from = f, fromFile
 			}
 			value, err := io.ReadAll(io.LimitReader(in, maxSecretBytes+1))
 			if err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("read the value from %s: %w", from, err)}
+				return cli.Exit(2, fmt.Errorf("read the value from %s: %w", from, err))
 			}
 			value = bytes.TrimSuffix(bytes.TrimSuffix(value, []byte("\n")), []byte("\r"))
 			switch {
 			case len(value) > maxSecretBytes:
-				return &exitError{code: 2, err: fmt.Errorf("the value in %s is over %d KiB; a credential is not that long", from, maxSecretBytes>>10)}
+				return cli.Exit(2, fmt.Errorf("the value in %s is over %d KiB; a credential is not that long", from, maxSecretBytes>>10))
 			case len(value) == 0:
-				return &exitError{code: 2, err: fmt.Errorf("no value in %s: pipe it in, or pass --from-file FILE", from)}
+				return cli.Exit(2, fmt.Errorf("no value in %s: pipe it in, or pass --from-file FILE", from))
 			}
 			if _, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.SetSecretResponse], error) {
 				return c.Secrets.Set(ctx, connect.NewRequest(&gatewayv1.SetSecretRequest{Name: args[0], Value: value}))
@@ -75,16 +76,16 @@ dropped.` + "\n" + gatewayHelp,
 		},
 	}
 	cmd.Flags().StringVar(&fromFile, "from-file", "", "file holding the value (default: standard input)")
-	gf.add(cmd)
+	gf.Add(cmd)
 	return cmd
 }
 
 func newGatewaySecretListCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the names of the credentials kept at the gateway (never their values)",
-		Long:  "List the names of the credentials kept at the gateway; values are never read back." + "\n" + gatewayHelp,
+		Long:  "List the names of the credentials kept at the gateway; values are never read back." + "\n" + cli.GatewayHelp,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			resp, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.ListSecretsResponse], error) {
@@ -99,16 +100,16 @@ func newGatewaySecretListCmd() *cobra.Command {
 			return nil
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	return cmd
 }
 
 func newGatewaySecretDeleteCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	cmd := &cobra.Command{
 		Use:   "delete NAME",
 		Short: "Remove a credential from the gateway",
-		Long:  "Remove NAME from the gateway. Running supervisors keep the value they hold; new ones whose policy names it cannot start." + "\n" + gatewayHelp,
+		Long:  "Remove NAME from the gateway. Running supervisors keep the value they hold; new ones whose policy names it cannot start." + "\n" + cli.GatewayHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.DeleteSecretResponse], error) {
@@ -120,7 +121,7 @@ func newGatewaySecretDeleteCmd() *cobra.Command {
 			return nil
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	return cmd
 }
 
@@ -130,9 +131,9 @@ func newGatewayRoutesCmd() *cobra.Command {
 		Short: "Keep the model routes every supervisor serves at inference.local",
 		Long: `Model routes kept at the gateway (the format of --inference-routes and of a
 policy's inference section) replace the policy's inference section on every
-supervisor of the gateway, and are pushed to them when they change.` + "\n" + gatewayHelp,
+supervisor of the gateway, and are pushed to them when they change.` + "\n" + cli.GatewayHelp,
 	}
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	set := &cobra.Command{
 		Use:   "set FILE",
 		Short: "Replace the gateway's model routes with FILE's",
@@ -140,7 +141,7 @@ supervisor of the gateway, and are pushed to them when they change.` + "\n" + ga
 		RunE: func(cmd *cobra.Command, args []string) error {
 			data, err := os.ReadFile(args[0])
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			resp, err := unary(cmd, &gf, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.Routes], error) {
 				return c.Routes.Set(ctx, connect.NewRequest(&gatewayv1.SetRoutesRequest{Yaml: string(data)}))
@@ -152,8 +153,8 @@ supervisor of the gateway, and are pushed to them when they change.` + "\n" + ga
 			return nil
 		},
 	}
-	gf.add(set)
-	var gg gatewayFlags
+	gf.Add(set)
+	var gg cli.GatewayFlags
 	get := &cobra.Command{
 		Use:   "get",
 		Short: "Print the gateway's model routes",
@@ -162,7 +163,7 @@ supervisor of the gateway, and are pushed to them when they change.` + "\n" + ga
 			resp, err := unary(cmd, &gg, "", func(ctx context.Context, c *gatewayclient.Client) (*connect.Response[gatewayv1.Routes], error) {
 				resp, err := c.Routes.Get(ctx, connect.NewRequest(&gatewayv1.GetRoutesRequest{}))
 				if connect.CodeOf(err) == connect.CodeNotFound {
-					err = &exitError{code: 1, err: errors.New("the gateway keeps no model routes: corral gateway routes set FILE")}
+					err = cli.Exit(1, errors.New("the gateway keeps no model routes: corral gateway routes set FILE"))
 				}
 				return resp, err
 			})
@@ -173,7 +174,7 @@ supervisor of the gateway, and are pushed to them when they change.` + "\n" + ga
 			return nil
 		},
 	}
-	gg.add(get)
+	gg.Add(get)
 	cmd.AddCommand(set, get)
 	return cmd
 }

@@ -1,12 +1,10 @@
-// Package gatewayclient is the one place the corral CLI reaches a gateway:
-// it resolves the gateway's URL, the CA that vouches for it and the user's
-// token (flags, then environment, then the file corral gateway login
-// wrote), builds the connect clients (gRPC over TLS, HTTP/2) and turns
-// their errors into messages a user can act on.
-//
-// It imports nothing of the gateway's server side, so the corral binary
-// stays free of SQL drivers and Prometheus.
-package gatewayclient
+// Package gatewayconf says which gateway the corral CLI talks to: the
+// gateway's URL, the CA that vouches for it and the user's token, from
+// flags, then the environment, then the file corral gateway login wrote.
+// It imports no client code, so the lean corral can tell whether a command
+// goes to a gateway without linking protobuf and Connect (package
+// gatewayclient, in the full program, makes the calls).
+package gatewayconf
 
 import (
 	"errors"

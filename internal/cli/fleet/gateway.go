@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"bufio"
@@ -17,23 +17,15 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
+	"github.com/corral-sandbox/corral/internal/gatewayconf"
 )
 
 // gatewayBinary is the gateway's own executable. It is separate so that
 // gRPC, the SQL drivers and Prometheus never add to `corral run`.
 const gatewayBinary = "corral-gateway"
-
-// gatewayHelp ends the help of every command that talks to a gateway.
-const gatewayHelp = `
-The gateway is --gateway URL, else $CORRAL_GATEWAY, else the one saved by
-corral gateway login. The CA its certificate must verify with is
---gateway-ca FILE, else $CORRAL_GATEWAY_CA, else the login's (the gateway
-keeps it as tls/ca.pem in its data directory). The token is
-$CORRAL_GATEWAY_TOKEN (the secret itself) or the file named by
-$CORRAL_GATEWAY_TOKEN_FILE, else the login's. The login's CA and token are
-used only for the gateway they were saved with.`
 
 // callTimeout bounds one request/response call to the gateway.
 const callTimeout = 30 * time.Second
@@ -41,7 +33,7 @@ const callTimeout = 30 * time.Second
 func newGatewayCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gateway [login|logout|secret|routes|serve|token|issue-client] [flags]",
-		Short: "Run the control plane for many sandboxes (corral-gateway), or log in to one",
+		Short: cli.FullShort("", "gateway"),
 		Long: `corral gateway login and logout save and remove the gateway this corral
 talks to (for corral sandbox, logs, policy and ps --gateway); corral gateway
 secret and routes keep credentials and model routes at it.
@@ -59,12 +51,12 @@ corral-gateway is looked up next to this corral binary, then in PATH.`,
 			}
 			bin, err := findGateway()
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			// exec, not a child: signals, exit status and the terminal go
 			// to the gateway unchanged.
 			if err := syscall.Exec(bin, append([]string{bin}, args...), os.Environ()); err != nil {
-				return &exitError{code: 2, err: fmt.Errorf("run %s: %w", bin, err)}
+				return cli.Exit(2, fmt.Errorf("run %s: %w", bin, err))
 			}
 			return nil
 		},
@@ -92,7 +84,7 @@ func findGateway() (string, error) {
 }
 
 func newGatewayLoginCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var tokenFile string
 	cmd := &cobra.Command{
 		Use:   "login --gateway URL --gateway-ca FILE [--token-file FILE]",
@@ -109,35 +101,35 @@ is read from --token-file, else from standard input; never from a flag, so
 it stays out of the shell's history and the process list.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			raw := gf.opts.URL
+			raw := gf.Opts.URL
 			if raw == "" {
-				raw = os.Getenv(gatewayclient.EnvURL)
+				raw = os.Getenv(gatewayconf.EnvURL)
 			}
 			if raw == "" {
-				return &exitError{code: 2, err: errors.New("--gateway URL is required (e.g. https://gateway.example:7443)")}
+				return cli.Exit(2, errors.New("--gateway URL is required (e.g. https://gateway.example:7443)"))
 			}
-			u, err := gatewayclient.NormalizeURL(raw)
+			u, err := gatewayconf.NormalizeURL(raw)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
-			ca := gf.opts.CAFile
+			ca := gf.Opts.CAFile
 			if ca == "" {
-				ca = os.Getenv(gatewayclient.EnvCA)
+				ca = os.Getenv(gatewayconf.EnvCA)
 			}
-			t := gatewayclient.Target{URL: u, CAFile: ca}
+			t := gatewayconf.Target{URL: u, CAFile: ca}
 			if tokenFile != "" {
-				t.Token, err = gatewayclient.ReadToken(tokenFile)
+				t.Token, err = gatewayconf.ReadToken(tokenFile)
 				t.TokenFrom = tokenFile
 			} else {
 				t.Token, err = readTokenStdin(cmd.InOrStdin(), cmd.ErrOrStderr())
 				t.TokenFrom = "standard input"
 			}
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			c, err := gatewayclient.New(t)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
@@ -146,15 +138,15 @@ it stays out of the shell's history and the process list.`,
 			if err != nil {
 				return gwErr(c, err, "")
 			}
-			path, err := gatewayclient.WriteLogin(gatewayclient.Login{URL: u, CAFile: ca, Token: t.Token})
+			path, err := gatewayconf.WriteLogin(gatewayconf.Login{URL: u, CAFile: ca, Token: t.Token})
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return cli.Exit(1, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "logged in to %s (%d sandboxes); saved to %s\n", u, len(resp.Msg.Sandboxes), path)
 			return nil
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the token (default: read it from standard input)")
 	return cmd
 }
@@ -192,9 +184,9 @@ func newGatewayLogoutCmd() *cobra.Command {
 		Short: "Remove the gateway login saved by corral gateway login",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path, existed, err := gatewayclient.RemoveLogin()
+			path, existed, err := gatewayconf.RemoveLogin()
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return cli.Exit(1, err)
 			}
 			if !existed {
 				fmt.Fprintf(cmd.OutOrStdout(), "not logged in (no %s)\n", path)
@@ -206,35 +198,15 @@ func newGatewayLogoutCmd() *cobra.Command {
 	}
 }
 
-// gatewayFlags are --gateway and --gateway-ca, on every command that
-// talks to a gateway.
-type gatewayFlags struct {
-	opts gatewayclient.Options
-}
-
-func (g *gatewayFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&g.opts.URL, "gateway", "", "gateway URL, https://HOST:PORT (default: $CORRAL_GATEWAY, else the login)")
-	cmd.Flags().StringVar(&g.opts.CAFile, "gateway-ca", "", "CA file the gateway's certificate must verify with (default: $CORRAL_GATEWAY_CA, else the login)")
-}
-
-// configured reports whether these commands should go to a gateway.
-func (g *gatewayFlags) configured() (bool, error) {
-	ok, err := gatewayclient.Configured(g.opts)
-	if err != nil {
-		return false, &exitError{code: 2, err: err}
-	}
-	return ok, nil
-}
-
 // dial resolves the gateway and builds its clients.
-func (g *gatewayFlags) dial() (*gatewayclient.Client, error) {
-	t, err := gatewayclient.Resolve(g.opts)
+func dial(g *cli.GatewayFlags) (*gatewayclient.Client, error) {
+	t, err := gatewayconf.Resolve(g.Opts)
 	if err != nil {
-		return nil, &exitError{code: 2, err: err}
+		return nil, cli.Exit(2, err)
 	}
 	c, err := gatewayclient.New(t)
 	if err != nil {
-		return nil, &exitError{code: 2, err: err}
+		return nil, cli.Exit(2, err)
 	}
 	return c, nil
 }
@@ -243,10 +215,10 @@ func (g *gatewayFlags) dial() (*gatewayclient.Client, error) {
 // itself exits 2, like corral policy check, anything else 1.
 // unary makes one call to the gateway, bounded by callTimeout, and turns a
 // refusal into the message and exit code a user acts on (sandboxID names
-// the sandbox it may be about). An *exitError from call passes unchanged.
-func unary[T any](cmd *cobra.Command, gf *gatewayFlags, sandboxID string, call func(context.Context, *gatewayclient.Client) (T, error)) (T, error) {
+// the sandbox it may be about). An error from cli.Exit passes unchanged.
+func unary[T any](cmd *cobra.Command, gf *cli.GatewayFlags, sandboxID string, call func(context.Context, *gatewayclient.Client) (T, error)) (T, error) {
 	var zero T
-	c, err := gf.dial()
+	c, err := dial(gf)
 	if err != nil {
 		return zero, err
 	}
@@ -254,8 +226,7 @@ func unary[T any](cmd *cobra.Command, gf *gatewayFlags, sandboxID string, call f
 	ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
 	defer cancel()
 	out, err := call(ctx, c)
-	var ee *exitError
-	if err != nil && !errors.As(err, &ee) {
+	if _, exit := cli.ExitCode(err); err != nil && !exit {
 		err = gwErr(c, err, sandboxID)
 	}
 	return out, err
@@ -266,5 +237,5 @@ func gwErr(c *gatewayclient.Client, err error, sandboxID string) error {
 	if gatewayclient.Invalid(err) {
 		code = 2
 	}
-	return &exitError{code: code, err: c.Explain(err, sandboxID)}
+	return cli.Exit(code, c.Explain(err, sandboxID))
 }

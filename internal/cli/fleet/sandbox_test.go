@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"encoding/json"
@@ -16,7 +16,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/gateway/auth"
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
-	"github.com/corral-sandbox/corral/internal/gatewayclient"
+	"github.com/corral-sandbox/corral/internal/gatewayconf"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -31,7 +31,7 @@ func TestGatewayLoginThenCommands(t *testing.T) {
 	if bad.code == 0 || !strings.Contains(bad.stderr, "refused the token") {
 		t.Fatalf("login with a bad token: %s", bad)
 	}
-	path, err := gatewayclient.LoginPath()
+	path, err := gatewayconf.LoginPath()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestLoginTokenNotSentToAnotherGateway(t *testing.T) {
 		{"env", nil, other.URL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(gatewayclient.EnvURL, tc.env)
+			t.Setenv(gatewayconf.EnvURL, tc.env)
 			r := runCorral(t, "", append([]string{"sandbox", "list", "--gateway-ca", otherCA}, tc.args...)...)
 			if r.code == 0 || !strings.Contains(r.stderr, "no token for the gateway at "+other.URL) {
 				t.Errorf("list at another gateway: %s", r)
@@ -128,7 +128,7 @@ func TestLoginTokenNotSentToAnotherGateway(t *testing.T) {
 		})
 	}
 	// Positive control: the server does see a token given for it.
-	t.Setenv(gatewayclient.EnvToken, "cgw_u_meant_for_other")
+	t.Setenv(gatewayconf.EnvToken, "cgw_u_meant_for_other")
 	r := runCorral(t, "", "sandbox", "list", "--gateway", other.URL, "--gateway-ca", otherCA)
 	if r.code != 1 || !strings.Contains(r.stderr, "refused the token") {
 		t.Errorf("control: %s", r)
@@ -152,7 +152,7 @@ func TestLoginFileReadableByOthersRefused(t *testing.T) {
 	if r := runCorral(t, g.user, "gateway", "login", "--gateway", g.url, "--gateway-ca", g.caFile); r.code != 0 {
 		t.Fatalf("login: %s", r)
 	}
-	path, _ := gatewayclient.LoginPath()
+	path, _ := gatewayconf.LoginPath()
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -291,9 +291,9 @@ func TestGatewayErrors(t *testing.T) {
 			[]string{"cannot reach the gateway at " + closed + ": ", "is corral gateway running? check --gateway"}},
 		{"wrong CA", nil, []string{"sandbox", "list", "--gateway-ca", otherPKI.CAFile()}, 1,
 			[]string{"the CA file " + otherPKI.CAFile() + " does not verify the gateway at " + g.url}},
-		{"bad token", map[string]string{gatewayclient.EnvToken: "cgw_u_nosuchtoken"}, []string{"sandbox", "list"}, 1,
+		{"bad token", map[string]string{gatewayconf.EnvToken: "cgw_u_nosuchtoken"}, []string{"sandbox", "list"}, 1,
 			[]string{"the gateway at " + g.url + " refused the token from $CORRAL_GATEWAY_TOKEN", "run corral gateway login"}},
-		{"sandbox token", map[string]string{gatewayclient.EnvToken: sandboxToken}, []string{"sandbox", "list"}, 1,
+		{"sandbox token", map[string]string{gatewayconf.EnvToken: sandboxToken}, []string{"sandbox", "list"}, 1,
 			[]string{"does not let the token from $CORRAL_GATEWAY_TOKEN do this", "corral gateway token create"}},
 		{"unknown sandbox", nil, []string{"sandbox", "get", "nosuch"}, 1,
 			[]string{"no sandbox nosuch at the gateway " + g.url}},
@@ -303,7 +303,7 @@ func TestGatewayErrors(t *testing.T) {
 			[]string{"no sandbox nosuch at the gateway"}},
 		{"invalid policy", nil, []string{"sandbox", "create", "--driver", "external", "--policy", badPolicy}, 2,
 			checkerProblems(t, badPolicy)},
-		{"token file missing", map[string]string{gatewayclient.EnvToken: "", gatewayclient.EnvTokenFile: "/nonexistent/token"}, []string{"sandbox", "list"}, 2,
+		{"token file missing", map[string]string{gatewayconf.EnvToken: "", gatewayconf.EnvTokenFile: "/nonexistent/token"}, []string{"sandbox", "list"}, 2,
 			[]string{"$CORRAL_GATEWAY_TOKEN_FILE: read token"}},
 		{"plain http", nil, []string{"sandbox", "list", "--gateway", "http://127.0.0.1:1"}, 2,
 			[]string{"the gateway speaks TLS only"}},

@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"bytes"
@@ -17,13 +17,14 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gateway/auth"
 	"github.com/corral-sandbox/corral/internal/gateway/secretbox"
 	"github.com/corral-sandbox/corral/internal/gateway/server"
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
-	"github.com/corral-sandbox/corral/internal/gatewayclient"
+	"github.com/corral-sandbox/corral/internal/gatewayconf"
 )
 
 // testGateway is a real gateway on 127.0.0.1:0 over TLS with SQLite in a
@@ -86,7 +87,7 @@ func startTestGateway(t *testing.T) *testGateway {
 
 func cleanGatewayEnv(t *testing.T) {
 	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	for _, k := range []string{gatewayclient.EnvURL, gatewayclient.EnvCA, gatewayclient.EnvToken, gatewayclient.EnvTokenFile} {
+	for _, k := range []string{gatewayconf.EnvURL, gatewayconf.EnvCA, gatewayconf.EnvToken, gatewayconf.EnvTokenFile} {
 		t.Setenv(k, "")
 	}
 }
@@ -94,9 +95,9 @@ func cleanGatewayEnv(t *testing.T) {
 // useEnv points the CLI at g with the user's token through the
 // environment.
 func (g *testGateway) useEnv() {
-	g.t.Setenv(gatewayclient.EnvURL, g.url)
-	g.t.Setenv(gatewayclient.EnvCA, g.caFile)
-	g.t.Setenv(gatewayclient.EnvToken, g.user)
+	g.t.Setenv(gatewayconf.EnvURL, g.url)
+	g.t.Setenv(gatewayconf.EnvCA, g.caFile)
+	g.t.Setenv(gatewayconf.EnvToken, g.user)
 }
 
 // supervisor returns the supervisor client of sandbox id, with a
@@ -168,7 +169,7 @@ func runCorral(t *testing.T, stdin string, args ...string) cliResult {
 
 func runCorralCtx(ctx context.Context, stdin string, args ...string) cliResult {
 	var out, errb syncBuffer
-	code := execute(ctx, args, strings.NewReader(stdin), &out, &errb)
+	code := cli.ExecuteWith(ctx, args, strings.NewReader(stdin), &out, &errb)
 	return cliResult{stdout: out.String(), stderr: errb.String(), code: code}
 }
 
@@ -184,7 +185,7 @@ func startCorral(t *testing.T, args ...string) *background {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &background{cancel: cancel, done: make(chan int, 1)}
-	go func() { b.done <- execute(ctx, args, strings.NewReader(""), &b.out, &b.err) }()
+	go func() { b.done <- cli.ExecuteWith(ctx, args, strings.NewReader(""), &b.out, &b.err) }()
 	t.Cleanup(func() { b.stop(t) })
 	return b
 }

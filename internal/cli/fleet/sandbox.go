@@ -1,4 +1,4 @@
-package cli
+package fleet
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
 )
@@ -27,18 +28,18 @@ import (
 func newSandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sandbox",
-		Short: "Create, list, inspect, watch and delete sandboxes through a gateway",
+		Short: cli.FullShort("", "sandbox"),
 		Long: `Manage the sandboxes of a corral gateway: create starts one (with the
 gateway's local driver, or records it for a supervisor that joins from
 another host), list and get show them, watch follows their phases
-(provisioning, ready, exited, failed) and delete stops and forgets one.` + "\n" + gatewayHelp,
+(provisioning, ready, exited, failed) and delete stops and forgets one.` + "\n" + cli.GatewayHelp,
 	}
 	cmd.AddCommand(newSandboxCreateCmd(), newSandboxListCmd(), newSandboxGetCmd(), newSandboxDeleteCmd(), newSandboxWatchCmd())
 	return cmd
 }
 
 func newSandboxCreateCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var name, policyFile, workdir, drv string
 	var labels, env []string
 	var wait bool
@@ -52,31 +53,31 @@ built-in default without --policy) and print its id. With --driver local
 so --workdir is a directory there; with --driver external the gateway only
 records the sandbox for a supervisor that joins from elsewhere. With --wait
 it then waits until the sandbox is ready, exited or failed and prints that
-phase; it exits 1 when the sandbox failed.` + "\n" + gatewayHelp,
+phase; it exits 1 when the sandbox failed.` + "\n" + cli.GatewayHelp,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lm, err := parseKV("--label", labels)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			if _, err := parseKV("--env", env); err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			req := &gatewayv1.CreateSandboxRequest{Name: name, Labels: lm, Command: args, Env: env, Driver: drv}
 			if workdir != "" {
 				// A relative directory means nothing to a gateway that
 				// runs elsewhere; made absolute it is at least this one.
 				if req.Workdir, err = filepath.Abs(workdir); err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("--workdir: %w", err)}
+					return cli.Exit(2, fmt.Errorf("--workdir: %w", err))
 				}
 			}
 			if policyFile != "" {
-				data, _, err := readPolicyFile(policyFile)
+				data, _, err := cli.ReadPolicyFile(policyFile)
 				if err != nil {
-					return &exitError{code: 2, err: err}
+					return cli.Exit(2, err)
 				}
 				req.Policy = string(data)
 			}
-			c, err := gf.dial()
+			c, err := dial(&gf)
 			if err != nil {
 				return err
 			}
@@ -94,7 +95,7 @@ phase; it exits 1 when the sandbox failed.` + "\n" + gatewayHelp,
 			return waitSettled(cmd, c, sb.Msg.Id, timeout)
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	cmd.Flags().StringVar(&name, "name", "", "a name for people (ids are what commands take)")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "label K=V to select the sandbox by (repeatable)")
 	cmd.Flags().StringVar(&policyFile, "policy", "", "policy file or git:REF:PATH (default: the built-in default)")
@@ -122,7 +123,7 @@ func waitSettled(cmd *cobra.Command, c *gatewayclient.Client, id string, timeout
 		ev := stream.Msg()
 		sb := ev.Sandbox
 		if ev.Deleted {
-			return &exitError{code: 1, err: fmt.Errorf("sandbox %s was deleted while starting", id)}
+			return cli.Exit(1, fmt.Errorf("sandbox %s was deleted while starting", id))
 		}
 		switch sb.Phase {
 		case gatewayv1.Phase_PHASE_READY, gatewayv1.Phase_PHASE_EXITED:
@@ -130,7 +131,7 @@ func waitSettled(cmd *cobra.Command, c *gatewayclient.Client, id string, timeout
 			return nil
 		case gatewayv1.Phase_PHASE_FAILED:
 			fmt.Fprintln(cmd.OutOrStdout(), phaseText(sb))
-			return &exitError{code: 1}
+			return cli.Exit(1, nil)
 		}
 	}
 	if err := stream.Err(); err != nil && ctx.Err() == nil {
@@ -139,11 +140,11 @@ func waitSettled(cmd *cobra.Command, c *gatewayclient.Client, id string, timeout
 	if err := cmd.Context().Err(); err != nil {
 		return err
 	}
-	return &exitError{code: 1, err: fmt.Errorf("sandbox %s is still provisioning after %s (see corral sandbox get %s)", id, timeout, id)}
+	return cli.Exit(1, fmt.Errorf("sandbox %s is still provisioning after %s (see corral sandbox get %s)", id, timeout, id))
 }
 
 func newSandboxListCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var selector []string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -151,25 +152,25 @@ func newSandboxListCmd() *cobra.Command {
 		Short: "List the gateway's sandboxes",
 		Long: `List the gateway's sandboxes (those with every --selector label) with their
 phase, exit status, newest policy version and what the supervisor said of
-it (PENDING, LOADED or FAILED), age and labels.` + "\n" + gatewayHelp,
+it (PENDING, LOADED or FAILED), age and labels.` + "\n" + cli.GatewayHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sel, err := parseKV("--selector", selector)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			return listSandboxes(cmd, &gf, sel, asJSON)
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	cmd.Flags().StringArrayVar(&selector, "selector", nil, "only sandboxes with label K=V (repeatable; all must match)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
 	return cmd
 }
 
 // listSandboxes is corral sandbox list, and corral ps with a gateway.
-func listSandboxes(cmd *cobra.Command, gf *gatewayFlags, sel map[string]string, asJSON bool) error {
-	c, err := gf.dial()
+func listSandboxes(cmd *cobra.Command, gf *cli.GatewayFlags, sel map[string]string, asJSON bool) error {
+	c, err := dial(gf)
 	if err != nil {
 		return err
 	}
@@ -191,19 +192,19 @@ func listSandboxes(cmd *cobra.Command, gf *gatewayFlags, sel map[string]string, 
 		if sb.ExitCode != nil {
 			exit = fmt.Sprint(*sb.ExitCode)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.Id, orDash(sb.Name), phaseName(sb.Phase), exit,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.Id, cli.OrDash(sb.Name), phaseName(sb.Phase), exit,
 			policyText(sb), age(now, sb.CreatedAt.AsTime()), labelText(sb.Labels))
 	}
 	return w.Flush()
 }
 
 func newSandboxGetCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "get ID [--json]",
 		Short: "Show one sandbox of the gateway",
-		Long:  "Show one sandbox: its phase, exit status and reason, command, working directory, driver, labels and policy." + "\n" + gatewayHelp,
+		Long:  "Show one sandbox: its phase, exit status and reason, command, working directory, driver, labels and policy." + "\n" + cli.GatewayHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
@@ -219,29 +220,29 @@ func newSandboxGetCmd() *cobra.Command {
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "id:\t%s\n", sb.Id)
-			fmt.Fprintf(w, "name:\t%s\n", orDash(sb.Name))
+			fmt.Fprintf(w, "name:\t%s\n", cli.OrDash(sb.Name))
 			fmt.Fprintf(w, "phase:\t%s\n", phaseText(sb))
 			fmt.Fprintf(w, "policy:\t%s\n", policyText(sb))
 			fmt.Fprintf(w, "driver:\t%s\n", sb.Driver)
-			fmt.Fprintf(w, "command:\t%s\n", orDash(strings.Join(sb.Command, " ")))
-			fmt.Fprintf(w, "workdir:\t%s\n", orDash(sb.Workdir))
+			fmt.Fprintf(w, "command:\t%s\n", cli.OrDash(strings.Join(sb.Command, " ")))
+			fmt.Fprintf(w, "workdir:\t%s\n", cli.OrDash(sb.Workdir))
 			fmt.Fprintf(w, "labels:\t%s\n", labelText(sb.Labels))
 			fmt.Fprintf(w, "created:\t%s\n", sb.CreatedAt.AsTime().Local().Format(time.RFC3339))
 			fmt.Fprintf(w, "updated:\t%s\n", sb.UpdatedAt.AsTime().Local().Format(time.RFC3339))
 			return w.Flush()
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }
 
 func newSandboxDeleteCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	cmd := &cobra.Command{
 		Use:   "delete ID",
 		Short: "Stop a sandbox and remove it from the gateway",
-		Long:  "Stop the sandbox's supervisor (for the local driver) and remove the sandbox, its policies, logs and credential from the gateway." + "\n" + gatewayHelp,
+		Long:  "Stop the sandbox's supervisor (for the local driver) and remove the sandbox, its policies, logs and credential from the gateway." + "\n" + cli.GatewayHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
@@ -254,33 +255,33 @@ func newSandboxDeleteCmd() *cobra.Command {
 			return nil
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	return cmd
 }
 
 func newSandboxWatchCmd() *cobra.Command {
-	var gf gatewayFlags
+	var gf cli.GatewayFlags
 	var selector []string
 	cmd := &cobra.Command{
 		Use:   "watch [ID] [--selector K=V]...",
 		Short: "Print a line for each change of the gateway's sandboxes",
 		Long: `Print the current state of the sandbox ID (or of every sandbox with the
 --selector labels), then a line for each change of phase or policy status,
-until interrupted (or until the one sandbox watched is deleted).` + "\n" + gatewayHelp,
+until interrupted (or until the one sandbox watched is deleted).` + "\n" + cli.GatewayHelp,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sel, err := parseKV("--selector", selector)
 			if err != nil {
-				return &exitError{code: 2, err: err}
+				return cli.Exit(2, err)
 			}
 			req := &gatewayv1.WatchSandboxesRequest{Selector: sel}
 			if len(args) == 1 {
 				if len(sel) > 0 {
-					return &exitError{code: 2, err: errors.New("watch one sandbox ID or those matching --selector, not both")}
+					return cli.Exit(2, errors.New("watch one sandbox ID or those matching --selector, not both"))
 				}
 				req.Id = args[0]
 			}
-			c, err := gf.dial()
+			c, err := dial(&gf)
 			if err != nil {
 				return err
 			}
@@ -300,7 +301,7 @@ until interrupted (or until the one sandbox watched is deleted).` + "\n" + gatew
 				if ev.Deleted {
 					state = "deleted"
 				}
-				fmt.Fprintf(out, "%s\t%s\t%s\t%s\n", time.Now().Format(time.RFC3339), sb.Id, orDash(sb.Name), state)
+				fmt.Fprintf(out, "%s\t%s\t%s\t%s\n", time.Now().Format(time.RFC3339), sb.Id, cli.OrDash(sb.Name), state)
 			}
 			if err := stream.Err(); err != nil && ctx.Err() == nil {
 				return gwErr(c, err, req.Id)
@@ -308,7 +309,7 @@ until interrupted (or until the one sandbox watched is deleted).` + "\n" + gatew
 			return nil
 		},
 	}
-	gf.add(cmd)
+	gf.Add(cmd)
 	cmd.Flags().StringArrayVar(&selector, "selector", nil, "only sandboxes with label K=V (repeatable; all must match)")
 	return cmd
 }
