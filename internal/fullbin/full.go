@@ -2,8 +2,16 @@
 
 package fullbin
 
-import "embed"
+import (
+	"embed"
+	"os"
+)
 
 // embedded is empty: the full program is what the lean one carries, and
 // carries nothing of the kind itself.
 var embedded embed.FS
+
+func init() {
+	leanExecutable = os.Getenv(envLean)
+	os.Unsetenv(envLean)
+}

@@ -24,6 +24,16 @@ var program = carried.Program{FS: embedded, Prefix: "corral-full-"}
 // ErrNotCarried means this corral was built without its full program.
 var ErrNotCarried = errors.New("this corral was built without its full program: build it after `go generate ./internal/fullbin`, or with `go build -tags corral_full`")
 
+// envLean carries the lean corral's own path to the full program it
+// execs, which runs from the state directory: "next to corral" (where
+// corral gateway finds corral-gateway) means next to the corral the user
+// ran.
+const envLean = "CORRAL_LEAN_EXECUTABLE"
+
+// leanExecutable is envLean as the full program found it; it is removed
+// from the environment so that no workload inherits it.
+var leanExecutable string
+
 // Exec replaces this process with the full program, run with argv (argv[0]
 // included), and returns only on failure.
 func Exec(stateDir string, argv []string) error {
@@ -34,8 +44,21 @@ func Exec(stateDir string, argv []string) error {
 	if path == "" {
 		return ErrNotCarried
 	}
-	if err := syscall.Exec(path, argv, os.Environ()); err != nil {
+	env := os.Environ()
+	if self, err := os.Executable(); err == nil {
+		env = append(env, envLean+"="+self)
+	}
+	if err := syscall.Exec(path, argv, env); err != nil {
 		return fmt.Errorf("exec the full program %s: %w", path, err)
 	}
 	return nil
+}
+
+// Executable is the path of the corral the user ran: the lean corral that
+// started this full program, or this program itself.
+func Executable() (string, error) {
+	if leanExecutable != "" {
+		return leanExecutable, nil
+	}
+	return os.Executable()
 }

@@ -816,3 +816,24 @@ echo DONE`},
 		t.Errorf("the echoes do not carry the surrogate twice\n%s", r.stdout)
 	}
 }
+
+// The lean corral runs the gateway commands as its full program, which
+// runs from the state directory; corral gateway must still find the
+// corral-gateway next to the corral the user ran (PATH has none), and the
+// full program lands in that user's state directory.
+func TestGatewayCommandsRunAsTheFullProgram(t *testing.T) {
+	m := getMode(t, &rootlessMode)
+	state := filepath.Join(m.home, "state")
+	code, out := corralCLI(t, m, "gateway", "serve", "--help")
+	if code != 0 || !strings.Contains(out, "Serve the gateway") {
+		t.Fatalf("corral gateway serve --help: exit %d\n%s", code, out)
+	}
+	if full, _ := filepath.Glob(filepath.Join(state, "corral", "bin", "corral-full-*")); len(full) != 1 {
+		t.Fatalf("the full program is not in the user's state directory: %v", full)
+	}
+	// Without a gateway, policy get says what it needs; it is the full
+	// program's own check.
+	if code, out := corralCLI(t, m, "policy", "get"); code != 2 || !strings.Contains(out, "--sandbox ID is required") {
+		t.Fatalf("corral policy get: exit %d\n%s", code, out)
+	}
+}

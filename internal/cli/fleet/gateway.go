@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/corral-sandbox/corral/internal/cli"
+	"github.com/corral-sandbox/corral/internal/fullbin"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
 	"github.com/corral-sandbox/corral/internal/gatewayconf"
@@ -49,7 +50,8 @@ corral-gateway is looked up next to this corral binary, then in PATH.`,
 			if len(args) == 1 && (args[0] == "-h" || args[0] == "--help") {
 				return cmd.Help()
 			}
-			bin, err := findGateway()
+			self, _ := fullbin.Executable() // "": look in PATH only
+			bin, err := findGateway(self)
 			if err != nil {
 				return cli.Exit(2, err)
 			}
@@ -65,11 +67,12 @@ corral-gateway is looked up next to this corral binary, then in PATH.`,
 	return cmd
 }
 
-// findGateway looks next to this executable first, so a corral and a
-// corral-gateway built together are used together.
-func findGateway() (string, error) {
+// findGateway looks next to self, the corral the user ran, first, so a
+// corral and a corral-gateway built together are used together; then in
+// PATH.
+func findGateway(self string) (string, error) {
 	dir := "DIR"
-	if self, err := os.Executable(); err == nil {
+	if self != "" {
 		dir = filepath.Dir(self)
 		next := filepath.Join(dir, gatewayBinary)
 		if fi, err := os.Stat(next); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
