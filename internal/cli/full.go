@@ -74,20 +74,21 @@ func fullCommands(parent string) []*cobra.Command {
 		}
 		out = append(out, &cobra.Command{
 			Use: c.name, Short: c.short, DisableFlagParsing: true,
-			RunE: func(*cobra.Command, []string) error { return runFull("corral "+c.name, "") },
+			RunE: func(*cobra.Command, []string) error { return &exitError{code: 2, err: execFull("corral "+c.name, "")} },
 		})
 	}
 	return out
 }
 
-// runFull replaces this process with the full program, run with the same
-// command line; it installs the program under stateDir ("" for the
-// default) on first use, and returns only on failure.
-func runFull(what, stateDir string) error {
+// execFull replaces this process with the full program, run with the same
+// command line, for what (which only the full program has); it installs
+// the program under stateDir ("" for the default) on first use, and
+// returns only on failure.
+func execFull(what, stateDir string) error {
 	if stateDir == "" {
 		stateDir = statedir.Default()
 	}
-	return &exitError{code: 2, err: fmt.Errorf("%s: %w", what, fullbin.Exec(stateDir, os.Args))}
+	return fmt.Errorf("%s: %w", what, fullbin.Exec(stateDir, os.Args))
 }
 
 // Exit returns an error that makes corral print err (if not nil) and exit

@@ -147,7 +147,7 @@ through its control socket.` + "\n" + GatewayHelp,
 				}
 				if remote {
 					if full == nil {
-						return runFull("corral policy set with a gateway", stateDir)
+						return &exitError{code: 2, err: execFull("corral policy set with a gateway", stateDir)}
 					}
 					return full.SetPolicy(cmd, &gf, id, data, wait)
 				}

@@ -35,7 +35,7 @@ as corral sandbox list does; --local lists this host's anyway.` + "\n" + Gateway
 				}
 				if remote {
 					if full == nil {
-						return runFull("corral ps with a gateway", stateDir)
+						return &exitError{code: 2, err: execFull("corral ps with a gateway", stateDir)}
 					}
 					return full.ListSandboxes(cmd, &gf)
 				}

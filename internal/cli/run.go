@@ -170,12 +170,8 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	// them; it runs this command line again from the start.
 	if needs := fullRunNeeds(f); needs != "" {
 		state, err := filepath.Abs(orStateDir(f.stateDir))
-		if err != nil {
-			return setupFailed(err)
-		}
-		err = runFull(needs, state)
-		if ee, ok := err.(*exitError); ok {
-			err = ee.err
+		if err == nil {
+			err = execFull(needs, state)
 		}
 		return setupFailed(err)
 	}
