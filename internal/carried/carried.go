@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
@@ -47,13 +49,19 @@ func (p Program) Path(stateDir string) (string, error) {
 	if err := ownedDir(dir); err != nil {
 		return "", err
 	}
-	if st, err := os.Lstat(path); err == nil {
-		if err := owned(path, st, 0o022); err != nil {
-			return "", err
-		}
-		return path, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("carried program: %w", err)
+	if done, err := installed(path); done || err != nil {
+		return path, err
+	}
+	// Many starts at once (a gateway starting sandboxes) would each write
+	// their own copy: the first takes the directory's lock and writes, the
+	// others wait for it and find the program there.
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if done, err := installed(path); done || err != nil {
+		return path, err
 	}
 	prog, err := p.FS.Open("bin/" + name)
 	if err != nil {
@@ -83,6 +91,42 @@ func (p Program) Path(stateDir string) (string, error) {
 	}
 	p.removeStale(dir, name)
 	return path, nil
+}
+
+// installed reports whether path holds the program, refusing a file that
+// is not ours alone.
+func installed(path string) (bool, error) {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("carried program: %w", err)
+	}
+	if err := owned(path, st, 0o022); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// lockDir takes dir's exclusive lock (flock on the directory itself) and
+// returns its release.
+func lockDir(dir string) (func(), error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
 }
 
 // removeStale removes this program as other corral builds carry it once

@@ -7,10 +7,14 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/internal/fullbin"
+	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
+	var full bool
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print corral's version, the commit it was built from and the Go toolchain",
 		Long: `Print corral's version, the commit it was built from and the Go toolchain.
@@ -21,10 +25,20 @@ module version Go recorded. The commit comes from the build information that
 "go build" and "go install" record in a git checkout; "go run" records none.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if full {
+				path, err := fullbin.Path(statedir.Default())
+				if err != nil {
+					return &exitError{code: 1, err: err}
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), path)
+				return err
+			}
 			info, _ := debug.ReadBuildInfo()
 			return writeVersion(cmd.OutOrStdout(), info)
 		},
 	}
+	cmd.Flags().BoolVar(&full, "full-program", false, "print instead the path of corral's full program (corral with OPA and the gateway client, which this corral runs for --policy-rules and the gateway commands), writing it to the state directory first; the gateway's local driver starts sandboxes with it")
+	return cmd
 }
 
 // writeVersion prints one line: version, revision (with "+dirty" when the

@@ -15,3 +15,6 @@ func init() {
 	leanExecutable = os.Getenv(envLean)
 	os.Unsetenv(envLean)
 }
+
+// Path returns this program's own path: it is the full program.
+func Path(string) (string, error) { return os.Executable() }

@@ -37,12 +37,9 @@ var leanExecutable string
 // Exec replaces this process with the full program, run with argv (argv[0]
 // included), and returns only on failure.
 func Exec(stateDir string, argv []string) error {
-	path, err := program.Path(stateDir)
+	path, err := Path(stateDir)
 	if err != nil {
-		return fmt.Errorf("full program: %w", err)
-	}
-	if path == "" {
-		return ErrNotCarried
+		return err
 	}
 	env := os.Environ()
 	if self, err := os.Executable(); err == nil {

@@ -57,6 +57,10 @@ type Driver struct {
 	// exited holds how each supervisor this driver started and reaped
 	// ended, by reference.
 	exited map[string]syscall.WaitStatus
+
+	fullMu sync.Mutex
+	// full is corral's full program, as bin last named it.
+	full string
 }
 
 var (
@@ -99,6 +103,35 @@ func (d *Driver) workdir(want string) (string, error) {
 // New returns a driver starting corralBin with its files under dataDir.
 func New(corralBin, dataDir string) *Driver {
 	return &Driver{bin: corralBin, data: dataDir, Grace: DefaultGrace, exited: map[string]syscall.WaitStatus{}}
+}
+
+// program is what supervisors start as. corral run --gateway needs
+// corral's full program (the gateway client is not in the corral users
+// run), and started as corral it would exec that program itself, paying
+// for corral's start first; so the driver asks corral where the program is
+// (corral version --full-program, which writes it there) and starts it
+// directly, asking again when it has gone (a corral of another build
+// removes programs of other builds). Anything that cannot say, an older
+// corral for one, is started as it is.
+func (d *Driver) program() string {
+	d.fullMu.Lock()
+	defer d.fullMu.Unlock()
+	if d.full != "" {
+		if fi, err := os.Stat(d.full); err == nil && fi.Mode().IsRegular() {
+			return d.full
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ask := exec.CommandContext(ctx, d.bin, "version", "--full-program")
+	ask.Dir = d.data
+	ask.Env = supervisorEnv(os.Environ())
+	out, err := ask.Output()
+	if p := strings.TrimSpace(string(out)); err == nil && filepath.IsAbs(p) {
+		d.full = p
+		return p
+	}
+	return d.bin
 }
 
 // sandboxID is what may name a directory under DATA/sandboxes (up to 128
@@ -170,7 +203,7 @@ func (d *Driver) Create(_ context.Context, sb store.Sandbox, link driver.Link) (
 	args = append(args, sb.Command...)
 	// Not CommandContext: the supervisor outlives the request, and the
 	// gateway too.
-	cmd := exec.Command(d.bin, args...)
+	cmd := exec.Command(d.program(), args...)
 	cmd.Dir = work
 	cmd.Env = supervisorEnv(os.Environ())
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf

@@ -20,11 +20,12 @@ import (
 )
 
 // fakeCorral writes a script standing in for corral: it records its
-// arguments in its working directory, then runs body.
+// arguments in its working directory, then runs body. Like a corral that
+// predates corral version --full-program, it fails that.
 func fakeCorral(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "corral")
-	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > args.txt\n" + body + "\n"
+	script := "#!/bin/sh\n[ \"$1\" = version ] && exit 2\nprintf '%s\\n' \"$@\" > args.txt\n" + body + "\n"
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -303,5 +304,44 @@ func TestWorkdirConfined(t *testing.T) {
 	}
 	if _, err := d.Create(context.Background(), store.Sandbox{ID: "x", Command: []string{"true"}, Workdir: escape}, driver.Link{}); err == nil || !strings.Contains(err.Error(), "outside") {
 		t.Errorf("Create with a workdir leading outside: %v", err)
+	}
+}
+
+// The driver starts supervisors as corral's full program, which corral
+// names, rather than as corral, which would exec it after its own start;
+// and asks again once that program is gone (a corral of another build
+// removed it).
+func TestStartsTheFullProgram(t *testing.T) {
+	names := filepath.Join(t.TempDir(), "full-path")
+	lean := fakeCorral(t, "")
+	script := "#!/bin/sh\n[ \"$1 $2\" = 'version --full-program' ] && cat " + names + " && exit 0\necho lean > ran-as\nexec sleep 60\n"
+	if err := os.WriteFile(lean, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := New(lean, t.TempDir())
+	var previous string
+	for _, id := range []string{"one", "two"} {
+		if previous != "" {
+			if err := os.Remove(previous); err != nil {
+				t.Fatal(err)
+			}
+		}
+		full := fakeCorral(t, "echo "+id+" > ran-as\nexec sleep 60")
+		if err := os.WriteFile(names, []byte(full+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		previous = full
+		ref, err := d.Create(context.Background(), store.Sandbox{ID: id, Command: []string{"true"}}, testLink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := refPID(t, ref)
+		t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+		marker := filepath.Join(d.data, "sandboxes", id, WorkDir, "ran-as")
+		var got []byte
+		waitFor(t, "the supervisor", func() bool { got, err = os.ReadFile(marker); return err == nil && len(got) > 0 })
+		if strings.TrimSpace(string(got)) != id {
+			t.Fatalf("supervisor %s ran as %q, want the full program corral named then", id, got)
+		}
 	}
 }
