@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -95,9 +96,11 @@ func execFull(what, stateDir string) error {
 // with code.
 func Exit(code int, err error) error { return &exitError{code: code, err: err} }
 
-// ExitCode is the exit code err asks for, and whether it asks for one.
+// ExitCode is the exit code err (or an error it wraps) asks for, and
+// whether it asks for one.
 func ExitCode(err error) (int, bool) {
-	if ee, ok := err.(*exitError); ok {
+	var ee *exitError
+	if errors.As(err, &ee) {
 		return ee.code, true
 	}
 	return 0, false

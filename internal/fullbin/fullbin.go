@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/corral-sandbox/corral/internal/carried"
@@ -41,7 +43,8 @@ func Exec(stateDir string, argv []string) error {
 	if err != nil {
 		return err
 	}
-	env := os.Environ()
+	// Any value already there is replaced: the first of two would win.
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, envLean+"=") })
 	if self, err := os.Executable(); err == nil {
 		env = append(env, envLean+"="+self)
 	}

@@ -1,4 +1,4 @@
-package fleet
+package cli
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/sandbox"
 )
 
@@ -30,7 +29,7 @@ secrets:
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	code := cli.ExecuteWith(context.Background(), []string{"run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--", "true"}, strings.NewReader(""), &out, &errOut)
+	code := execute(context.Background(), []string{"run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--", "true"}, strings.NewReader(""), &out, &errOut)
 	if code != sandbox.ExitSetupFailed || !strings.Contains(errOut.String(), "gh-token from_gateway, but corral run has no --gateway") {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
 	}
