@@ -451,7 +451,12 @@ func (s *supervisor) sysProcAttr() *syscall.SysProcAttr {
 		// The init runs as the invoking user inside its namespace and needs
 		// these to build the root; it clears them all before forking the workload.
 		// NET_BIND_SERVICE lets the capture's DNS listener take port 53.
-		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_NET_BIND_SERVICE, unix.CAP_SETPCAP}
+		// SYS_PTRACE lets it read the workload's /proc status, which
+		// hidepid=invisible hides from a process of the same uid without it
+		// while the workload is not dumpable: for a moment at every exec,
+		// and for good when its binary is execute-only (as the init as root
+		// has it too).
+		attr.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_NET_BIND_SERVICE, unix.CAP_SETPCAP, unix.CAP_SYS_PTRACE}
 	}
 	return attr
 }

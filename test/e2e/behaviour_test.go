@@ -261,6 +261,34 @@ func TestHostname(t *testing.T) {
 	})
 }
 
+// TestExecuteOnlyBinary: a binary its user may execute but not read. The
+// kernel shows such a process only to those privileged over the binary's
+// owner, and the init reads the new workload's /proc status to verify its
+// credentials: as root it runs; rootless (root's files are outside the
+// sandbox's user namespace) it is refused, with the reason, never started
+// unverified.
+func TestExecuteOnlyBinary(t *testing.T) {
+	t.Parallel()
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		prog := filepath.Join(fx.W, "xonly")
+		copyFile(t, "/bin/true", prog, 0o755)
+		if err := os.Chown(prog, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(prog, 0o111); err != nil {
+			t.Fatal(err)
+		}
+		r := runCorral(t, fx, runOpts{args: []string{prog}})
+		if !m.rootless && r.code != 0 {
+			t.Fatalf("an execute-only binary did not run\n%s", r)
+		}
+		if m.rootless && (r.code != 125 || !strings.Contains(r.stderr, "is execute-only for the sandbox's user")) {
+			t.Fatalf("rootless: want exit 125 saying the binary is execute-only\n%s", r)
+		}
+	})
+}
+
 // TestIdentity: as root the workload runs as the workdir's owner, or as
 // nobody when root owns the workdir; rootless, as the invoking user.
 func TestIdentity(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -96,6 +95,12 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepE
 		_ = unix.Kill(pid, unix.SIGKILL)
 		var ws unix.WaitStatus
 		_, _ = unix.Wait4(pid, &ws, 0, nil)
+		if errors.Is(err, fs.ErrNotExist) && unix.Access(path, unix.R_OK) != nil {
+			// A binary its user cannot read makes a process the kernel
+			// shows only to those privileged over the binary's owner;
+			// rootless, an owner outside the sandbox's user namespace.
+			err = fmt.Errorf("%w: %s is execute-only for the sandbox's user, so the kernel hides the process from the init, which cannot verify it; make the file readable (chmod a+r), or run corral as root", err, path)
+		}
 		return 0, stepErr("verify the workload's privileges", err)
 	}
 	tr.Step("init: workload exec'd and verified")
@@ -263,7 +268,7 @@ func verifyInherited() error {
 // here (the init has not reaped it), so its status is readable; one its
 // filter killed shows seccomp mode 3 (dead), which only a filter sets.
 func verifyWorkload(pid int, u plan.User) error {
-	b, err := readStatus(pid)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return fmt.Errorf("read the workload's status: %w", err)
 	}
@@ -295,26 +300,6 @@ func verifyWorkload(pid int, u plan.User) error {
 		return fmt.Errorf("the workload's status lacks %v", slices.Sorted(maps.Keys(want)))
 	}
 	return nil
-}
-
-// readStatus reads /proc/PID/status of a workload that has just exec'd.
-// ForkExec returns when the exec closes its close-on-exec descriptors, a
-// moment before the kernel marks the new image dumpable again (the init,
-// whose memory it inherited, is not dumpable). Rootless, the init shares
-// the workload's uid but holds no CAP_SYS_PTRACE, so /proc, mounted with
-// hidepid=invisible, hides a workload caught in that moment: ENOENT. The
-// read is tried again until the exec has finished; a workload that exited
-// meanwhile stays visible as a zombie, since the init has not reaped it.
-func readStatus(pid int) ([]byte, error) {
-	path := fmt.Sprintf("/proc/%d/status", pid)
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		b, err := os.ReadFile(path)
-		if err == nil || !errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
-			return b, err
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func lastCap() (int, error) {
