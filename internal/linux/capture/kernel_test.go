@@ -110,7 +110,7 @@ func runChild(t *testing.T, attr *syscall.SysProcAttr) {
 		"icmp_raw_dropped", "http_proxy", "socks", "handoff_roundtrip", "handoff_wrong_order",
 	}
 	if rep.IPv6 {
-		want = append(want, "transparent6", "dns_udp6", "udp6_other_dropped")
+		want = append(want, "transparent6", "dns_udp6", "udp6_other_dropped", "icmp6_raw_dropped")
 	} else {
 		t.Logf("IPv6 not available in the namespace (%s); IPv6 probes not run", rep.NoIPv6)
 		if os.Getenv("CORRAL_NO_SKIP") == "1" {
@@ -193,6 +193,7 @@ func childMain() int {
 		probe("transparent6", tcpTo(l.Transparent6, "[2001:db8::1]:80", "[2001:db8::1]:80"))
 		probe("dns_udp6", func() error { return udpProbe(l.DNSUDP6, "[2001:db8::53]:53") })
 		probe("udp6_other_dropped", func() error { return udpDropped("udp6", "[2001:db8::1]:9999") })
+		probe("icmp6_raw_dropped", icmp6Dropped)
 	}
 	probe("handoff_roundtrip", func() error {
 		got, err := FromFiles(l.Files())
@@ -327,6 +328,23 @@ func icmpDropped() error {
 	err = unix.Sendto(fd, echo, 0, &unix.SockaddrInet4{Addr: [4]byte{203, 0, 113, 9}})
 	if !errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("ICMP echo: got %v, want EPERM", err)
+	}
+	return nil
+}
+
+// icmp6Dropped: an ICMPv6 echo to any address is dropped too; with every
+// address routed to lo it would otherwise be answered by the namespace
+// itself, telling the workload the address is there.
+func icmp6Dropped() error {
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMPV6)
+	if err != nil {
+		return fmt.Errorf("raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	echo := []byte{128, 0, 0, 0, 0, 0, 0, 0} // echo request; the kernel fills in the checksum
+	err = unix.Sendto(fd, echo, 0, &unix.SockaddrInet6{Addr: netip.MustParseAddr("2001:db8::9").As16()})
+	if !errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("ICMPv6 echo: got %v, want EPERM", err)
 	}
 	return nil
 }
