@@ -4,7 +4,8 @@
 // workload from flooding a person with proposals: at most MaxPending
 // pending chunks, pending chunks expire, and after two rejections of the
 // same host and port nothing more is proposed for it until Retry. Every
-// transition is recorded with its time, actor and reason.
+// transition is recorded with its time, actor and reason; the drafts
+// corral ended on its own are dropped with theirs after a while.
 //
 // FileStore keeps everything in one JSON file under the sandbox's state
 // directory, written atomically and locked with flock, so the supervisor
@@ -57,6 +58,14 @@ const (
 	// DefaultPoll is how often Wait rereads the file for changes made by
 	// another process.
 	DefaultPoll = 250 * time.Millisecond
+	// FinishedRetention and MaxFinished bound the drafts corral ended on
+	// its own (expired, or superseded while pending) that are kept for the
+	// record: the newest MaxFinished, none older than FinishedRetention.
+	// A session used for months would otherwise grow without end the file
+	// every start of the advisor, and every waiting agent's poll, reads
+	// whole. What a person decided (approved, rejected, undone) is kept.
+	FinishedRetention = 7 * 24 * time.Hour
+	MaxFinished       = 100
 )
 
 // Errors returned by Add and the transitions.
@@ -250,6 +259,36 @@ func (f *file) expire(now time.Time) []Draft {
 	return out
 }
 
+// prune drops, with their history, the drafts corral ended on its own
+// beyond MaxFinished or longer than FinishedRetention ago, oldest first.
+func (f *file) prune(now time.Time) {
+	ended := map[string]time.Time{}
+	for _, t := range f.History {
+		if t.Draft != "" {
+			ended[t.Draft] = t.At
+		}
+	}
+	var finished []*Draft
+	for _, d := range f.Drafts {
+		// A draft a person decided has Decided set, even once superseded.
+		if (d.State == Expired || d.State == Superseded) && d.Decided.IsZero() {
+			finished = append(finished, d)
+		}
+	}
+	drop := map[string]bool{}
+	for i, d := range finished { // oldest first, as Add appends
+		if len(finished)-i > MaxFinished || now.Sub(ended[d.ID]) > FinishedRetention {
+			drop[d.ID] = true
+		}
+	}
+	if len(drop) == 0 {
+		return
+	}
+	f.Drafts = slices.DeleteFunc(f.Drafts, func(d *Draft) bool { return drop[d.ID] })
+	f.History = slices.DeleteFunc(f.History, func(t Transition) bool { return drop[t.Draft] })
+	f.dirty = true
+}
+
 // targets returns the host:port pairs a chunk answers, the unit of the
 // rejection backoff.
 func targets(c propose.Chunk) []string {
@@ -282,6 +321,7 @@ func (s *FileStore) update(fn func(f *file, now time.Time) error) error {
 	}
 	now := s.opts.Now()
 	f.expired = f.expire(now)
+	f.prune(now)
 	// fn returns its error before changing anything, so what is dirty
 	// then is the expiry alone, which is kept.
 	ferr := fn(f, now)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -320,6 +321,89 @@ func TestConcurrentWriters(t *testing.T) {
 	for _, e := range ents {
 		if e.Name() != fileName && e.Name() != lockName {
 			t.Errorf("stray file %s", filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+func TestFinishedDraftsPruned(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	s, err := Open(t.TempDir(), Options{Now: c.now, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a person decided stays, whatever its age: an approval, a
+	// rejection, and an approved draft its refinement replaced.
+	approved := must[Draft](t)(s.Add(chunk("approved.example.com", 443, 1, "read-only"), ok, System))
+	must[Draft](t)(s.Approve(approved.ID, alice, ""))
+	rejected := must[Draft](t)(s.Add(chunk("rejected.example.com", 443, 1, "read-only"), ok, System))
+	must[Draft](t)(s.Reject(rejected.ID, alice, "no", ""))
+	replaced := must[Draft](t)(s.Add(chunk("replaced.example.com", 443, 1, "read-only"), ok, System))
+	must[Draft](t)(s.Approve(replaced.ID, alice, ""))
+	refined := must[Draft](t)(s.Add(chunk("replaced.example.com", 443, 2, "read-write"), ok, System))
+	must[Draft](t)(s.Approve(refined.ID, alice, ""))
+	kept := []string{approved.ID, rejected.ID, replaced.ID, refined.ID}
+
+	var expired []string
+	for i := range MaxFinished + 5 {
+		expired = append(expired, must[Draft](t)(s.Add(chunk(fmt.Sprintf("h%d.example.com", i), 443, 1, "read-only"), ok, System)).ID)
+		c.add(time.Minute) // it expires on the next call
+	}
+	ids := func() map[string]bool {
+		m := map[string]bool{}
+		for _, d := range must[[]Draft](t)(s.List()) {
+			m[d.ID] = true
+		}
+		return m
+	}
+	got := ids()
+	if len(got) != len(kept)+MaxFinished {
+		t.Errorf("%d drafts kept, want %d", len(got), len(kept)+MaxFinished)
+	}
+	for i, id := range expired {
+		if got[id] != (i >= 5) {
+			t.Errorf("expired draft %d of %d kept: %v", i, len(expired), got[id])
+		}
+	}
+	for _, tr := range must[[]Transition](t)(s.History()) {
+		if slices.Contains(expired[:5], tr.Draft) {
+			t.Errorf("history of a dropped draft kept: %+v", tr)
+		}
+	}
+	if _, err := s.Get(expired[0]); !errors.Is(err, ErrNotFound) {
+		t.Errorf("dropped draft: %v", err)
+	}
+
+	c.add(FinishedRetention + time.Second)
+	got = ids()
+	if len(got) != len(kept) {
+		t.Errorf("after %s: %d drafts, want the %d a person decided", FinishedRetention, len(got), len(kept))
+	}
+	for _, id := range kept {
+		if !got[id] {
+			t.Errorf("draft %s a person decided was dropped", id)
+		}
+	}
+}
+
+// BenchmarkListAfterManyExpired: List, which the advisor runs at every
+// start and a waiting agent's poll rereads the file for, on a session
+// where 1 000 proposals expired unanswered.
+func BenchmarkListAfterManyExpired(b *testing.B) {
+	c := &clock{t: time.Unix(1000, 0)}
+	s, err := Open(b.TempDir(), Options{Now: c.now, TTL: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 1000 {
+		if _, err := s.Add(chunk(fmt.Sprintf("h%d.example.com", i), 443, 1, "read-only"), ok, System); err != nil {
+			b.Fatal(err)
+		}
+		c.add(time.Minute)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := s.List(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
