@@ -95,6 +95,18 @@ func InitMain() int {
 		return fail(stepErr("make /proc read-only", err))
 	}
 	tr.Step("init: terminal, read-only /proc")
+	// signal.Notify costs a round trip to the runtime's signal thread per
+	// signal, a millisecond or more for these on a busy machine, so it
+	// runs while we wait for the supervisor. A signal that arrives before
+	// the workload runs is forwarded to it once it does.
+	sigs := make(chan os.Signal, 16)
+	chld := make(chan os.Signal, 16)
+	notifying := make(chan struct{})
+	go func() {
+		signal.Notify(sigs, forwarded...)
+		signal.Notify(chld, unix.SIGCHLD)
+		close(notifying)
+	}()
 	// The supervisor finishes its side (egress serving, the Java trust
 	// store written) while we set up ours; the workload never starts
 	// before what it reads is there. A supervisor that died meanwhile
@@ -113,11 +125,7 @@ func InitMain() int {
 		os.Exit(137)
 	}()
 
-	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, forwarded...)
-	chld := make(chan os.Signal, 16)
-	signal.Notify(chld, unix.SIGCHLD)
-
+	<-notifying
 	pid, serr := startWorkload(cfg, stdio, tr)
 	if serr != nil {
 		return fail(serr)
