@@ -89,6 +89,7 @@ type serveOpts struct {
 	logLevel     string
 	corral       string
 	workdirs     []string
+	stateDir     string
 }
 
 func (o *serveOpts) flags(cmd *cobra.Command) {
@@ -99,6 +100,7 @@ func (o *serveOpts) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&o.corral, "corral", "", "corral binary the local driver starts supervisors with (default: next to corral-gateway, then PATH)")
 	cmd.Flags().StringArrayVar(&o.workdirs, "allow-workdir", nil, "host directory the local driver's sandboxes may name as their working directory, or one below it (repeatable; default none: each sandbox gets a directory of its own)")
+	cmd.Flags().StringVar(&o.stateDir, "sandbox-state-dir", "", "state directory of the supervisors the local driver starts (corral run --state-dir: their audit log, run directories and saved gateway credentials; default: corral's own, /var/lib/corral)")
 }
 
 func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
@@ -108,6 +110,9 @@ func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
 	}
 	if o.logRetention <= 0 {
 		return fmt.Errorf("--log-retention must be positive")
+	}
+	if o.stateDir != "" && !filepath.IsAbs(o.stateDir) {
+		return fmt.Errorf("--sandbox-state-dir %q: want an absolute path", o.stateDir)
 	}
 	for _, w := range o.workdirs {
 		if fi, err := os.Stat(w); err != nil || !fi.IsDir() || !filepath.IsAbs(w) {
@@ -122,7 +127,7 @@ func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
 		SANs:         o.sans,
 		URL:          o.url,
 		LogRetention: o.logRetention,
-		Drivers:      drivers(o.corral, sf.dataDir, o.workdirs, log),
+		Drivers:      drivers(o.corral, sf.dataDir, o.workdirs, o.stateDir, log),
 		Logger:       log,
 	})
 }

@@ -13,7 +13,7 @@ import (
 // drivers are the drivers this binary offers besides "external": "local"
 // when a corral binary is found (the flag, next to this executable, then
 // PATH). Without one the gateway still serves supervisors that join.
-func drivers(corralBin, dataDir string, workdirs []string, log *slog.Logger) map[string]driver.Driver {
+func drivers(corralBin, dataDir string, workdirs []string, stateDir string, log *slog.Logger) map[string]driver.Driver {
 	if corralBin == "" {
 		corralBin = findCorral()
 	}
@@ -21,9 +21,9 @@ func drivers(corralBin, dataDir string, workdirs []string, log *slog.Logger) map
 		log.Warn("no corral binary next to corral-gateway or in PATH: the local driver is off (give --corral PATH)")
 		return nil
 	}
-	log.Info("local driver", "corral", corralBin, "workdirs", workdirs)
+	log.Info("local driver", "corral", corralBin, "workdirs", workdirs, "state_dir", stateDir)
 	d := local.New(corralBin, dataDir)
-	d.Workdirs = workdirs
+	d.Workdirs, d.StateDir = workdirs, stateDir
 	return map[string]driver.Driver{"local": d}
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -9,11 +10,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/internal/fullbin"
-	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 func newVersionCmd() *cobra.Command {
-	var full bool
+	var (
+		full     bool
+		stateDir string
+	)
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print corral's version, the commit it was built from and the Go toolchain",
@@ -25,8 +28,11 @@ module version Go recorded. The commit comes from the build information that
 "go build" and "go install" record in a git checkout; "go run" records none.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if stateDir != "" && !full {
+				return &exitError{code: 2, err: errors.New("--state-dir goes with --full-program")}
+			}
 			if full {
-				path, err := fullbin.Path(statedir.Default())
+				path, err := fullbin.Path(orStateDir(stateDir))
 				if err != nil {
 					return &exitError{code: 1, err: err}
 				}
@@ -38,6 +44,7 @@ module version Go recorded. The commit comes from the build information that
 		},
 	}
 	cmd.Flags().BoolVar(&full, "full-program", false, "print instead the path of corral's full program (corral with OPA and the gateway client, which this corral runs for --policy-rules and the gateway commands), writing it to the state directory first; the gateway's local driver starts sandboxes with it")
+	cmd.Flags().StringVar(&stateDir, "state-dir", "", "with --full-program: the state directory to write it to (default: /var/lib/corral as root, else $XDG_STATE_HOME/corral)")
 	return cmd
 }
 

@@ -24,7 +24,6 @@ import (
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/sandbox"
-	"github.com/corral-sandbox/corral/internal/statedir"
 	"github.com/corral-sandbox/corral/internal/testutil/gatewayproc"
 	"github.com/corral-sandbox/corral/internal/testutil/netlab"
 )
@@ -633,11 +632,10 @@ func TestGatewayReadopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A supervisor killed outright leaves its run directory and cgroups
-	// for the next corral run on its state directory (the local driver's
-	// supervisors use the default one) to sweep; the test does not leave
-	// them for whoever runs next.
+	// for the next corral run on its state directory to sweep; the test
+	// does not leave them for whoever runs next.
 	t.Cleanup(func() {
-		if _, err := sandbox.Sweep(statedir.Default(), cgroup.Detect()); err != nil {
+		if _, err := sandbox.Sweep(g.SandboxStateDir(), cgroup.Detect()); err != nil {
 			t.Errorf("sweep what the killed supervisor left: %v", err)
 		}
 	})
@@ -835,5 +833,24 @@ func TestGatewayCommandsRunAsTheFullProgram(t *testing.T) {
 	// program's own check.
 	if code, out := corralCLI(t, m, "policy", "get"); code != 2 || !strings.Contains(out, "--sandbox ID is required") {
 		t.Fatalf("corral policy get: exit %d\n%s", code, out)
+	}
+}
+
+// corral version --full-program writes the full program to the state
+// directory it is given (the gateway's --sandbox-state-dir passes one)
+// and prints its path; --state-dir alone is refused.
+func TestFullProgramInTheStateDirGiven(t *testing.T) {
+	m := getMode(t, &rootlessMode)
+	state := filepath.Join(m.home, "given-state")
+	code, out := corralCLI(t, m, "version", "--full-program", "--state-dir", state)
+	path := strings.TrimSpace(out)
+	if code != 0 || filepath.Dir(path) != filepath.Join(state, "bin") || !strings.HasPrefix(filepath.Base(path), "corral-full-") {
+		t.Fatalf("corral version --full-program --state-dir %s: exit %d\n%s", state, code, out)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode()&0o100 == 0 {
+		t.Fatalf("full program %s: %v %v", path, fi, err)
+	}
+	if code, out := corralCLI(t, m, "version", "--state-dir", state); code != 2 || !strings.Contains(out, "--state-dir goes with --full-program") {
+		t.Errorf("corral version --state-dir without --full-program: exit %d\n%s", code, out)
 	}
 }

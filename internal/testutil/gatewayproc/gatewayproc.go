@@ -92,6 +92,10 @@ func Start(tb testing.TB, o Options) *Proc {
 	return p
 }
 
+// SandboxStateDir is the state directory of the supervisors the gateway
+// starts.
+func (p *Proc) SandboxStateDir() string { return filepath.Join(p.Data, "sandbox-state") }
+
 // Restart runs the gateway (again) and waits until /readyz answers.
 func (p *Proc) Restart() {
 	p.tb.Helper()
@@ -102,7 +106,11 @@ func (p *Proc) Restart() {
 		p.tb.Fatal(err)
 	}
 	defer logf.Close()
-	args := append([]string{"--listen", p.Addr, "--data", p.Data, "--corral", p.opts.Corral, "--log-level", p.opts.LogLevel}, p.opts.Args...)
+	// The supervisors' state (audit log, carried programs, saved gateway
+	// credentials) stays with the test's data, not in the host's
+	// /var/lib/corral.
+	args := append([]string{"--listen", p.Addr, "--data", p.Data, "--corral", p.opts.Corral, "--log-level", p.opts.LogLevel,
+		"--sandbox-state-dir", p.SandboxStateDir()}, p.opts.Args...)
 	cmd := exec.Command(p.opts.Gateway, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root"}

@@ -52,6 +52,10 @@ type Driver struct {
 	// host's files. None by default: a sandbox naming no workdir gets one
 	// of its own.
 	Workdirs []string
+	// StateDir is the state directory of the supervisors (corral run
+	// --state-dir): audit log, run directories, carried programs, each
+	// link's saved credential. "" leaves corral's default.
+	StateDir string
 
 	mu sync.Mutex
 	// exited holds how each supervisor this driver started and reaped
@@ -123,7 +127,7 @@ func (d *Driver) program() string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ask := exec.CommandContext(ctx, d.bin, "version", "--full-program")
+	ask := exec.CommandContext(ctx, d.bin, append([]string{"version", "--full-program"}, d.stateArgs()...)...)
 	ask.Dir = d.data
 	ask.Env = supervisorEnv(os.Environ())
 	out, err := ask.Output()
@@ -132,6 +136,13 @@ func (d *Driver) program() string {
 		return p
 	}
 	return d.bin
+}
+
+func (d *Driver) stateArgs() []string {
+	if d.StateDir == "" {
+		return nil
+	}
+	return []string{"--state-dir", d.StateDir}
 }
 
 // sandboxID is what may name a directory under DATA/sandboxes (up to 128
@@ -195,7 +206,7 @@ func (d *Driver) Create(_ context.Context, sb store.Sandbox, link driver.Link) (
 	}
 	defer null.Close()
 
-	args := []string{"run", "--gateway", link.URL, "--gateway-ca", link.CAFile, "--gateway-token-file", token, "--workdir", work}
+	args := append([]string{"run", "--gateway", link.URL, "--gateway-ca", link.CAFile, "--gateway-token-file", token, "--workdir", work}, d.stateArgs()...)
 	for _, kv := range sb.Env {
 		args = append(args, "--env", kv)
 	}

@@ -345,3 +345,32 @@ func TestStartsTheFullProgram(t *testing.T) {
 		}
 	}
 }
+
+// TestStateDirPassedOn: a driver given a state directory has corral write
+// its full program there and runs every supervisor on it.
+func TestStateDirPassedOn(t *testing.T) {
+	state := t.TempDir()
+	full := fakeCorral(t, "exec sleep 60")
+	lean := fakeCorral(t, "")
+	script := "#!/bin/sh\n[ \"$*\" = 'version --full-program --state-dir " + state + "' ] && echo " + full + " && exit 0\nexit 2\n"
+	if err := os.WriteFile(lean, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := New(lean, t.TempDir())
+	d.StateDir = state
+	ref, err := d.Create(context.Background(), store.Sandbox{ID: "sb", Command: []string{"true"}}, testLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := refPID(t, ref)
+	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+	var args []string
+	waitFor(t, "the full program's arguments", func() bool {
+		data, err := os.ReadFile(filepath.Join(d.data, "sandboxes", "sb", WorkDir, "args.txt"))
+		args = strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		return err == nil && len(args) > 1
+	})
+	if i := slices.Index(args, "--state-dir"); i < 0 || i+1 >= len(args) || args[i+1] != state || slices.Index(args, "--") < i {
+		t.Errorf("supervisor arguments %q lack --state-dir %s before the command", args, state)
+	}
+}
