@@ -86,6 +86,10 @@ func writeFile(path string, write func(io.Writer) error) error {
 // startEgress receives the listeners the init created inside the sandbox's
 // network namespace and has the egress serve them until ctx ends.
 func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
+	// The advisor needs no listener, and reading the session's drafts takes
+	// milliseconds: it starts while the init builds the root and the
+	// capture, not after.
+	s.startAdvisor(ctx)
 	m, files, err := initproc.RecvFDs(sup)
 	if err != nil {
 		return fmt.Errorf("receive network listeners from sandbox init: %w", err)
@@ -106,6 +110,5 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	if !l.IPv6 {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
-	s.startAdvisor(ctx)
 	return s.Egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs})
 }
