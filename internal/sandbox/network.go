@@ -90,6 +90,7 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	// milliseconds: it starts while the init builds the root and the
 	// capture, not after.
 	s.startAdvisor(ctx)
+	s.Trace.Step("policy advisor started (the session's drafts read)")
 	m, files, err := initproc.RecvFDs(sup)
 	if err != nil {
 		return fmt.Errorf("receive network listeners from sandbox init: %w", err)

@@ -278,6 +278,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
+	s.Trace.Step("seccomp filter built, config sent")
 
 	// The init sends its descriptors in this order: network listeners,
 	// then the terminal.

@@ -134,15 +134,13 @@ func New(cfg Config) (*Service, error) {
 	if s.an == nil {
 		s.an = &propose.Mechanistic{TrustedCIDRs: cfg.TrustedCIDRs}
 	}
-	s.advice.Store(&map[aggregate.Key]string{})
-	if err := s.refreshAdvice(); err != nil {
-		return nil, err
-	}
-	// Drafts that expired under an earlier supervisor were audited by it.
+	// One read of the store gives the advice for denials and the drafts
+	// that expired under an earlier supervisor, which audited them.
 	list, err := store.List()
 	if err != nil {
 		return nil, fmt.Errorf("advisor: %w", err)
 	}
+	s.setAdvice(list)
 	for _, d := range list {
 		if d.State == drafts.Expired {
 			s.expired[d.ID] = true
@@ -377,6 +375,13 @@ func (s *Service) refreshAdvice() error {
 	if err != nil {
 		return err
 	}
+	s.setAdvice(list)
+	return nil
+}
+
+// setAdvice maps each denial to the pending chunk, of list (newest
+// first), that would allow it.
+func (s *Service) setAdvice(list []drafts.Draft) {
 	m := map[aggregate.Key]string{}
 	for _, d := range slices.Backward(list) { // oldest first: newer ones win
 		if d.State != drafts.Pending {
@@ -390,7 +395,6 @@ func (s *Service) refreshAdvice() error {
 		}
 	}
 	s.advice.Store(&m)
-	return nil
 }
 
 // For implements egress.Advice.

@@ -51,26 +51,33 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func newHarness(t *testing.T, ttl time.Duration) *harness {
-	t.Helper()
+// newReloader holds the base policy, reporting to aud.
+func newReloader(tb testing.TB, aud *audit.Logger) *reload.Reloader {
+	tb.Helper()
 	p, err := policy.Parse([]byte(base), "test")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	c, err := p.Compile()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	var buf lockedBuffer
-	aud := audit.New(&buf).For("sb", "default")
 	build := func(c *policy.Compiled, _ *reload.Snapshot) (reload.Decider, *secrets.Set, error) {
 		e, err := decide.New(c, nil)
 		return e, nil, err
 	}
 	rl, err := reload.New(c, build, aud, nil)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
+	return rl
+}
+
+func newHarness(t *testing.T, ttl time.Duration) *harness {
+	t.Helper()
+	var buf lockedBuffer
+	aud := audit.New(&buf).For("sb", "default")
+	rl := newReloader(t, aud)
 	svc, err := New(Config{Dir: t.TempDir(), Reloader: rl, Audit: aud, TTL: ttl,
 		Probe: func(context.Context, string) ([]netip.Addr, error) {
 			return []netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil
