@@ -83,8 +83,9 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return errors.Join(write(f), f.Close())
 }
 
-// startEgress receives the listeners the init created inside the sandbox's
-// network namespace and has the egress serve them until ctx ends.
+// startEgress starts the policy advisor, receives the listeners the init
+// created inside the sandbox's network namespace and has the egress serve
+// them until ctx ends.
 func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	// The advisor needs no listener, and reading the session's drafts takes
 	// milliseconds: it starts while the init builds the root and the
