@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 
@@ -32,7 +33,11 @@ module version Go recorded. The commit comes from the build information that
 				return &exitError{code: 2, err: errors.New("--state-dir goes with --full-program")}
 			}
 			if full {
-				path, err := fullbin.Path(orStateDir(stateDir))
+				state, err := filepath.Abs(orStateDir(stateDir))
+				if err != nil {
+					return &exitError{code: 1, err: err}
+				}
+				path, err := fullbin.Path(state)
 				if err != nil {
 					return &exitError{code: 1, err: err}
 				}
