@@ -1198,6 +1198,15 @@ func TestNetwork(t *testing.T) {
 				if full, _ := filepath.Glob(filepath.Join(fx.state, "bin", "corral-full-*")); len(full) != 1 {
 					t.Fatalf("the full program was not installed in the state directory: %v\n%s", full, r)
 				}
+				// The lean corral hands the full program its own path in
+				// CORRAL_LEAN_EXECUTABLE; the full program drops it before
+				// anything reads the environment, so not even --pass-env
+				// gives it to a workload.
+				r = runCorral(t, fx, runOpts{args: []string{"/bin/true"}, policy: pol,
+					flags: append(env(fx), "--policy-rules", rules, "--pass-env", "CORRAL_LEAN_EXECUTABLE")})
+				if r.code != 125 || !strings.Contains(r.stderr, "--pass-env CORRAL_LEAN_EXECUTABLE: not set") {
+					t.Fatalf("the full program kept the lean corral's variable\n%s", r)
+				}
 			})
 
 			t.Run("revoke", func(t *testing.T) {
