@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -72,4 +73,10 @@ func orStateDir(dir string) string {
 		return statedir.Default()
 	}
 	return dir
+}
+
+// absStateDir is dir, or the default, as an absolute path: what corral
+// writes its programs and runs under.
+func absStateDir(dir string) (string, error) {
+	return filepath.Abs(orStateDir(dir))
 }

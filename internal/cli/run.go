@@ -169,7 +169,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	// (internal/fullbin), so that no other run pays for initialising
 	// them; it runs this command line again from the start.
 	if needs := fullRunNeeds(f); needs != "" {
-		state, err := filepath.Abs(orStateDir(f.stateDir))
+		state, err := absStateDir(f.stateDir)
 		if err == nil {
 			err = execFull(needs, state)
 		}
@@ -207,7 +207,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if err != nil {
 		return setupFailed(err)
 	}
-	state, err := filepath.Abs(orStateDir(f.stateDir))
+	state, err := absStateDir(f.stateDir)
 	if err != nil {
 		return setupFailed(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 
@@ -33,7 +32,7 @@ module version Go recorded. The commit comes from the build information that
 				return &exitError{code: 2, err: errors.New("--state-dir goes with --full-program")}
 			}
 			if full {
-				state, err := filepath.Abs(orStateDir(stateDir))
+				state, err := absStateDir(stateDir)
 				if err != nil {
 					return &exitError{code: 1, err: err}
 				}
