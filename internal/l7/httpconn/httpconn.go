@@ -1,7 +1,8 @@
-// Package httpconn lets an http.Server serve a connection that someone
-// else accepted: the inspector serves the workload's connection to an
-// inspected host, a local service (policy.local, inference.local) the
-// connection the gate handed it.
+// Package httpconn serves HTTP on a connection that someone else
+// accepted: the inspector serves the workload's connection to an
+// inspected host (its simple HTTP/1.1 requests inline, see ServeInline),
+// a local service (policy.local, inference.local) the connection the
+// gate handed it, both with net/http's server for everything else.
 package httpconn
 
 import (

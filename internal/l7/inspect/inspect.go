@@ -1,7 +1,8 @@
 // Package inspect serves the connections whose endpoint asks for HTTP
 // inspection (protocol: rest). It terminates the client's TLS with a leaf
-// from the sandbox's CA, reads requests with net/http's server (HTTP/1.1
-// and h2, whichever the client negotiates), decides each one with the
+// from the sandbox's CA, reads requests (an HTTP/1.1 client's simple ones
+// inline, the rest with net/http's server, HTTP/1.1 or h2 as the client
+// negotiates; see httpconn.ServeInline), decides each one with the
 // same engine as connections, and forwards the allowed ones with
 // net/http's transport, speaking whatever the upstream supports. Bodies
 // stream both ways; a WebSocket upgrade the rules allow is relayed.
@@ -88,7 +89,7 @@ func (in *Inspector) Inspect(ctx context.Context, client net.Conn, t *egress.Tun
 		t.Up.Close()
 		return nil
 	}
-	conn := &bufferedConn{Conn: client, r: br}
+	conn := &httpconn.BufferedConn{Conn: client, R: br}
 	if first[0] == recordTLSHandshake && t.Decision.TLS == policy.TLSPassthrough {
 		// Exempt from inspection, not from the connection's own checks:
 		// the caller relays it through the guard of every tunnel.
@@ -193,8 +194,8 @@ func (in *Inspector) handshakeFailed(t *egress.Tunnel, err error) {
 	in.log().Debug("inspected TLS handshake failed", "target", r.Target(), "err", err)
 }
 
-// serve runs an HTTP server on the one connection c and returns when the
-// connection and every request on it have ended.
+// serve answers the requests of the one connection c and returns when
+// the connection and every request on it have ended.
 func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, scheme string) {
 	up := newUpstream(in, t, scheme)
 	defer up.close()
@@ -215,7 +216,7 @@ func (in *Inspector) serve(ctx context.Context, c net.Conn, t *egress.Tunnel, sc
 	if idle == 0 {
 		idle = defaultIdle
 	}
-	if err := httpconn.Serve(ctx, c, h, idle, in.log()); err != nil {
+	if err := httpconn.ServeInline(ctx, c, h, idle, in.log()); err != nil {
 		in.log().Debug("inspected connection ended", "target", t.Request.Target(), "err", err)
 	}
 	// A hijacked (upgraded) connection outlives Serve; its handler is
@@ -237,19 +238,4 @@ func (in *Inspector) log() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return in.Log
-}
-
-// bufferedConn reads through the reader that peeked at the connection.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
-
-func (c *bufferedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
 }
