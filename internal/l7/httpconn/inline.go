@@ -47,6 +47,7 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 	}
 	s := &inline{c: c, br: bufio.NewReaderSize(c, inlineHeadBytes), h: h, log: log, tls: state, remote: c.RemoteAddr().String()}
 	s.w.bw = bufio.NewWriterSize(c, 4<<10)
+	s.watch.s = s
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	for n := 0; ; n++ {
 		// Between requests net/http's server waits for 4 bytes and ends
@@ -61,20 +62,26 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 			c.Close()
 			return nil
 		}
-		c.SetReadDeadline(time.Now().Add(HeadTimeout))
+		// The deadline stays set while the request runs: re-arming it is
+		// a timer change that can wake the runtime's poller, and nothing
+		// reads the connection meanwhile but the watchdog, which clears it.
+		buf, _ := s.br.Peek(s.br.Buffered())
+		if headEnd(buf) == 0 {
+			c.SetReadDeadline(time.Now().Add(HeadTimeout))
+		}
 		head, err := s.peekHead()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			stop()
 			c.Close()
 			return nil
 		}
-		c.SetReadDeadline(time.Time{})
 		var req *http.Request
 		if err == nil {
 			req = s.simple(head)
 		}
 		if req == nil {
 			// net/http's server answers a head cut short, too.
+			c.SetReadDeadline(time.Time{})
 			stop()
 			return Serve(ctx, &BufferedConn{Conn: c, R: s.br}, h, idle, log)
 		}
@@ -105,6 +112,7 @@ type inline struct {
 	tls    *tls.ConnectionState
 	remote string
 	w      writer
+	watch  watch
 	// src and parse read a head from its copy.
 	src   bytes.Reader
 	parse bufio.Reader
@@ -203,35 +211,14 @@ func hostLines(head []byte) int {
 	return n
 }
 
-// watchAfter is how long a request runs before a client that hangs up
-// is watched for.
-const watchAfter = 10 * time.Millisecond
-
 // serve answers one request and reports whether the connection may carry
 // another. A handler that panics ends the connection with its response
-// cut short, as net/http's server does.
-//
-// A request still running after watchAfter (a stream, a long poll) gets
-// what net/http's server gives every request: a read that cancels it
-// when the client hangs up, so that an abandoned stream does not hold
-// its upstream connection. Quick requests never pay for the wake-ups.
+// cut short, as net/http's server does. A request that runs long is
+// cancelled if the client hangs up (watchdog).
 func (s *inline) serve(req *http.Request, cancel context.CancelFunc) (keep bool) {
-	watched := make(chan struct{})
-	watch := time.AfterFunc(watchAfter, func() {
-		defer close(watched)
-		// Only this reads the connection while the request runs; a byte
-		// of the next request stays buffered for the loop.
-		if _, err := s.br.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			cancel()
-		}
-	})
-	defer func() {
-		if !watch.Stop() {
-			s.c.SetReadDeadline(time.Unix(1, 0))
-			<-watched
-			s.c.SetReadDeadline(time.Time{})
-		}
-	}()
+	s.watch.cancel = cancel
+	dog.begin(&s.watch)
+	defer dog.end(&s.watch)
 	s.w.reset(req)
 	defer func() {
 		if p := recover(); p != nil {
