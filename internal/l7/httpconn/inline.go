@@ -48,31 +48,30 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 	s := &inline{c: c, br: bufio.NewReaderSize(c, inlineHeadBytes), h: h, log: log, tls: state, remote: c.RemoteAddr().String()}
 	s.w.bw = bufio.NewWriterSize(c, 4<<10)
 	s.watch.s = s
+	handedOver := false
 	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer func() {
+		stop()
+		if !handedOver {
+			c.Close()
+		}
+	}()
 	for n := 0; ; n++ {
 		// Between requests net/http's server waits for 4 bytes and ends
-		// the connection silently without them; so does this.
+		// the connection silently without them; so does this. The
+		// deadline then stays set while the request runs: re-arming it is
+		// a timer change that can wake the runtime's poller, and nothing
+		// reads the connection meanwhile but the watchdog, which clears it.
 		wait, need := time.Now().Add(HeadTimeout), 1
 		if n > 0 {
 			wait, need = deadline(idle), 4
 		}
 		c.SetReadDeadline(wait)
 		if _, err := s.br.Peek(need); err != nil {
-			stop()
-			c.Close()
 			return nil
-		}
-		// The deadline stays set while the request runs: re-arming it is
-		// a timer change that can wake the runtime's poller, and nothing
-		// reads the connection meanwhile but the watchdog, which clears it.
-		buf, _ := s.br.Peek(s.br.Buffered())
-		if headEnd(buf) == 0 {
-			c.SetReadDeadline(time.Now().Add(HeadTimeout))
 		}
 		head, err := s.peekHead()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			stop()
-			c.Close()
 			return nil
 		}
 		var req *http.Request
@@ -83,6 +82,7 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 			// net/http's server answers a head cut short, too.
 			c.SetReadDeadline(time.Time{})
 			stop()
+			handedOver = true
 			return Serve(ctx, &BufferedConn{Conn: c, R: s.br}, h, idle, log)
 		}
 		s.br.Discard(len(head))
@@ -90,8 +90,6 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 		keep := s.serve(req.WithContext(rctx), cancel)
 		cancel()
 		if !keep {
-			stop()
-			c.Close()
 			return nil
 		}
 	}
@@ -119,16 +117,20 @@ type inline struct {
 }
 
 // peekHead returns the next request head, up to and including the empty
-// line that ends it, without consuming it. A head that does not fit the
-// buffer is returned whole-buffer with no error, for simple to refuse.
+// line that ends it, without consuming it; a head not all read yet has
+// HeadTimeout to arrive. A head that does not fit the buffer is returned
+// whole-buffer with no error, for simple to refuse.
 func (s *inline) peekHead() ([]byte, error) {
-	for {
+	for waited := false; ; waited = true {
 		buf, _ := s.br.Peek(s.br.Buffered())
 		if n := headEnd(buf); n > 0 {
 			return buf[:n], nil
 		}
 		if len(buf) >= inlineHeadBytes {
 			return buf, nil
+		}
+		if !waited {
+			s.c.SetReadDeadline(time.Now().Add(HeadTimeout))
 		}
 		if _, err := s.br.Peek(len(buf) + 1); err != nil {
 			return nil, err
