@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/netip"
 	"path"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -346,11 +345,40 @@ func refine(ep *policy.Endpoint, e aggregate.Entry) string {
 	return fmt.Sprintf("%s made %s, more than any preset allows without DELETE or other methods on every path, so each method is allowed only on the paths seen, with ids written as *.", describe(e.Binary), seen)
 }
 
-var (
-	uuidSeg = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	hexSeg  = regexp.MustCompile(`^[0-9a-fA-F]{8,}$`)
-	tokSeg  = regexp.MustCompile(`^[A-Za-z0-9_-]{20,}$`)
-)
+// The shapes of id segments, as byte tests rather than regular
+// expressions: compiling those was a package initialisation every corral
+// start paid, proposing or not.
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
+func isTokenByte(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || c == '-'
+}
+
+func all(s string, ok func(byte) bool) bool {
+	for i := range len(s) {
+		if !ok(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// isUUID: 8-4-4-4-12 hex digits.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := range len(s) {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if s[i] != '-' {
+				return false
+			}
+		} else if !isHex(s[i]) {
+			return false
+		}
+	}
+	return true
+}
 
 // IDSegment reports whether a path segment looks like an identifier
 // (a number, a UUID, a hex string of 8 or more digits, a long random
@@ -363,11 +391,11 @@ func IDSegment(s string) bool {
 		return false
 	case strings.Trim(s, "0123456789") == "":
 		return true
-	case uuidSeg.MatchString(s):
+	case isUUID(s):
 		return true
-	case hexSeg.MatchString(s) && (hasDigit || len(s) >= 16):
+	case len(s) >= 8 && all(s, isHex) && (hasDigit || len(s) >= 16):
 		return true
-	case tokSeg.MatchString(s) && hasDigit && hasLetter:
+	case len(s) >= 20 && all(s, isTokenByte) && hasDigit && hasLetter:
 		return true
 	}
 	return false

@@ -2,7 +2,9 @@ package propose
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -242,6 +244,38 @@ func TestIDSegment(t *testing.T) {
 	} {
 		if got := IDSegment(s); got != want {
 			t.Errorf("IDSegment(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// The byte tests of IDSegment accept exactly what these expressions do.
+func TestIDShapes(t *testing.T) {
+	uuid := regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	hex := regexp.MustCompile(`^[0-9a-fA-F]{8,}$`)
+	tok := regexp.MustCompile(`^[A-Za-z0-9_-]{20,}$`)
+	const alphabet = "0189afAFgzGZ-_./ é"
+	rng := rand.New(rand.NewPCG(1, 2))
+	cases := []string{"", "3f2504e0-4f89-11d3-9a0c-0305e82c3301", "3f2504e0-4f89-11d3-9a0c-0305e82c330", "3f2504e0x4f89-11d3-9a0c-0305e82c3301"}
+	for range 20000 {
+		b := make([]byte, rng.IntN(40))
+		letters := alphabet
+		if rng.IntN(2) == 0 {
+			letters = alphabet[:8] // hex digits only
+		}
+		for i := range b {
+			b[i] = letters[rng.IntN(len(letters))]
+		}
+		if rng.IntN(4) == 0 && len(b) >= 36 {
+			for _, i := range []int{8, 13, 18, 23} {
+				b[i] = '-'
+			}
+		}
+		cases = append(cases, string(b[:min(len(b), 36)]), string(b))
+	}
+	for _, s := range cases {
+		if isUUID(s) != uuid.MatchString(s) || (len(s) >= 8 && all(s, isHex)) != hex.MatchString(s) || (len(s) >= 20 && all(s, isTokenByte)) != tok.MatchString(s) {
+			t.Fatalf("%q: uuid %v/%v hex %v/%v token %v/%v", s, isUUID(s), uuid.MatchString(s),
+				len(s) >= 8 && all(s, isHex), hex.MatchString(s), len(s) >= 20 && all(s, isTokenByte), tok.MatchString(s))
 		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -40,7 +39,7 @@ func argLoOffset(i int) uint32 {
 // ever exceeds the 8-bit conditional offset however many rules there are.
 // The price is a linear scan: an allowed call walks about one instruction
 // per listed syscall, like libseccomp's default output.
-func program(p Profile, m NetMode, info *arch.Info) ([]bpf.Instruction, error) {
+func program(p Profile, m NetMode, info *archInfo) ([]bpf.Instruction, error) {
 	rs, err := profileRules(p, m)
 	if err != nil {
 		return nil, err
@@ -53,11 +52,11 @@ func program(p Profile, m NetMode, info *arch.Info) ([]bpf.Instruction, error) {
 	loadNr := bpf.LoadAbsolute{Off: offNr, Size: 4}
 	prog := []bpf.Instruction{
 		bpf.LoadAbsolute{Off: offArch, Size: 4},
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(info.ID), SkipTrue: 1},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: info.id, SkipTrue: 1},
 		bpf.RetConstant{Val: uint32(retKillProcess)},
 		loadNr,
 	}
-	if info.ID == arch.X86_64.ID {
+	if info.id == archX86_64.id {
 		prog = append(prog,
 			bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: x32SyscallBit, SkipFalse: 1},
 			bpf.RetConstant{Val: uint32(eNOSYS)},

@@ -11,7 +11,8 @@
 // values (so setting the unused upper half of an int argument such as the
 // socket domain evades an equality rule) and does not reload the syscall
 // number after an argument check fails (so a later rule can match on an
-// argument value). go-seccomp-bpf is still used for its syscall tables.
+// argument value). go-seccomp-bpf is still the source of the syscall
+// tables, which go generate copies into static data (zsyscalls.go).
 //
 // Rules is pure and is what `policy explain` shows; Install compiles exactly
 // the same rule list, so what is shown is what is enforced.
@@ -21,7 +22,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/sys/unix"
 )
 
@@ -281,41 +281,27 @@ type resolvedRule struct {
 	nrs      []uint32
 }
 
-func resolve(rs []rule, info *arch.Info) ([]resolvedRule, error) {
+func resolve(rs []rule, info *archInfo) ([]resolvedRule, error) {
 	out := make([]resolvedRule, 0, len(rs))
 	for _, r := range rs {
 		rr := resolvedRule{rule: r}
 		for _, n := range r.names {
 			name, optional := strings.CutPrefix(n, "?")
-			nr, ok := info.SyscallNames[name]
+			nr, ok := info.number(name)
 			if !ok {
 				if optional {
 					continue
 				}
-				return nil, fmt.Errorf("seccomp: syscall %q unknown on %s", name, info.Name)
+				return nil, fmt.Errorf("seccomp: syscall %q unknown on %s", name, info.name)
 			}
 			rr.syscalls = append(rr.syscalls, name)
-			rr.nrs = append(rr.nrs, uint32(nr|info.SeccompMask))
+			rr.nrs = append(rr.nrs, nr)
 		}
 		if len(rr.nrs) > 0 {
 			out = append(out, rr)
 		}
 	}
 	return out, nil
-}
-
-// nativeArch refuses 32-bit targets on purpose: there socket(2) can also be
-// reached through socketcall(2), whose arguments are in memory, so the
-// socket-family filter would not hold.
-func nativeArch() (*arch.Info, error) {
-	info, err := arch.GetInfo("")
-	if err != nil {
-		return nil, fmt.Errorf("seccomp: %w", err)
-	}
-	if info.ID != arch.X86_64.ID && info.ID != arch.AARCH64.ID {
-		return nil, fmt.Errorf("seccomp: architecture %s is not supported (x86_64 and aarch64 are)", info.Name)
-	}
-	return info, nil
 }
 
 // x32SyscallBit marks x32-ABI syscall numbers on x86_64; they share the
@@ -333,7 +319,7 @@ func Rules(p Profile, m NetMode) ([]Rule, error) {
 	return rulesFor(p, m, info)
 }
 
-func rulesFor(p Profile, m NetMode, info *arch.Info) ([]Rule, error) {
+func rulesFor(p Profile, m NetMode, info *archInfo) ([]Rule, error) {
 	rs, err := profileRules(p, m)
 	if err != nil {
 		return nil, err
@@ -345,10 +331,10 @@ func rulesFor(p Profile, m NetMode, info *arch.Info) ([]Rule, error) {
 	out := []Rule{{
 		Syscalls:  []string{"*"},
 		Action:    retKillProcess.String(),
-		Condition: "audit arch != " + info.Name,
+		Condition: "audit arch != " + info.name,
 		Reason:    "calls through another ABI (e.g. i386 int 0x80) would use different syscall numbers and skip every rule",
 	}}
-	if info.ID == arch.X86_64.ID {
+	if info.id == archX86_64.id {
 		out = append(out, Rule{
 			Syscalls:  []string{"*"},
 			Action:    eNOSYS.String(),

@@ -6,9 +6,11 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,7 +46,7 @@ func TestRulesGolden(t *testing.T) {
 	for _, p := range profiles {
 		for _, m := range netModes {
 			t.Run(fmt.Sprintf("%s_%s", p, m), func(t *testing.T) {
-				rs, err := rulesFor(p, m, arch.X86_64)
+				rs, err := rulesFor(p, m, &archX86_64)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -109,7 +111,7 @@ func TestRulesContent(t *testing.T) {
 		}
 		return m
 	}
-	def, err := rulesFor(ProfileDefault, NetProxy, arch.X86_64)
+	def, err := rulesFor(ProfileDefault, NetProxy, &archX86_64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +136,7 @@ func TestRulesContent(t *testing.T) {
 		t.Errorf("default: unshare must test CLONE_NEWTIME, got %+v", r)
 	}
 
-	rel, err := rulesFor(ProfileRelaxed, NetProxy, arch.X86_64)
+	rel, err := rulesFor(ProfileRelaxed, NetProxy, &archX86_64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +154,7 @@ func TestRulesContent(t *testing.T) {
 
 	for _, p := range profiles {
 		for _, m := range netModes {
-			rs, err := rulesFor(p, m, arch.X86_64)
+			rs, err := rulesFor(p, m, &archX86_64)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,7 +201,7 @@ func TestRulesNoShadowing(t *testing.T) {
 	}
 }
 
-var testArches = []*arch.Info{arch.X86_64, arch.AARCH64}
+var testArches = []*archInfo{&archX86_64, &archAARCH64}
 
 func TestProgramAssembles(t *testing.T) {
 	for _, a := range testArches {
@@ -207,19 +209,19 @@ func TestProgramAssembles(t *testing.T) {
 			for _, m := range netModes {
 				insns, err := program(p, m, a)
 				if err != nil {
-					t.Errorf("%s %s/%s: %v", a.Name, p, m, err)
+					t.Errorf("%s %s/%s: %v", a.name, p, m, err)
 					continue
 				}
 				raw, err := bpf.Assemble(insns)
 				if err != nil {
-					t.Errorf("%s %s/%s: assemble: %v", a.Name, p, m, err)
+					t.Errorf("%s %s/%s: assemble: %v", a.name, p, m, err)
 					continue
 				}
 				if len(raw) > filter.MaxInsns {
-					t.Errorf("%s %s/%s: %d instructions", a.Name, p, m, len(raw))
+					t.Errorf("%s %s/%s: %d instructions", a.name, p, m, len(raw))
 				}
 				if _, err := bpf.NewVM(insns); err != nil {
-					t.Errorf("%s %s/%s: VM rejects program: %v", a.Name, p, m, err)
+					t.Errorf("%s %s/%s: VM rejects program: %v", a.name, p, m, err)
 				}
 			}
 		}
@@ -246,7 +248,7 @@ func seccompData(auditArch uint32, nr uint32, args ...uint64) []byte {
 	return b
 }
 
-func simulate(t *testing.T, p Profile, m NetMode, a *arch.Info, auditArch uint32, nr uint32, args ...uint64) retAction {
+func simulate(t *testing.T, p Profile, m NetMode, a *archInfo, auditArch uint32, nr uint32, args ...uint64) retAction {
 	t.Helper()
 	insns, err := program(p, m, a)
 	if err != nil {
@@ -264,15 +266,15 @@ func simulate(t *testing.T, p Profile, m NetMode, a *arch.Info, auditArch uint32
 }
 
 func TestProgramBehaviour(t *testing.T) {
-	x := arch.X86_64
+	x := &archX86_64
 	nr := func(name string) uint32 {
-		n, ok := x.SyscallNames[name]
+		n, ok := x.number(name)
 		if !ok {
 			t.Fatalf("no syscall %s", name)
 		}
-		return uint32(n)
+		return n
 	}
-	native := uint32(x.ID)
+	native := x.id
 	const hi = 1 << 32 // junk in the upper half the kernel ignores
 	cases := []struct {
 		name string
@@ -293,7 +295,7 @@ func TestProgramBehaviour(t *testing.T) {
 		{"settimeofday", ProfileDefault, NetProxy, native, nr("settimeofday"), nil, retKillProcess},
 		{"i386 getpid", ProfileDefault, NetAllow, uint32(arch.I386.ID), 20, nil, retKillProcess},
 		{"i386 relaxed", ProfileRelaxed, NetAllow, uint32(arch.I386.ID), 20, nil, retKillProcess},
-		{"aarch64 arch", ProfileDefault, NetAllow, uint32(arch.AARCH64.ID), 172, nil, retKillProcess},
+		{"aarch64 arch", ProfileDefault, NetAllow, archAARCH64.id, 172, nil, retKillProcess},
 		{"x32 getpid", ProfileDefault, NetAllow, native, x32SyscallBit | nr("getpid"), nil, eNOSYS},
 		{"x32 ptrace relaxed", ProfileRelaxed, NetAllow, native, x32SyscallBit | 521, nil, eNOSYS},
 		{"unshare newuser", ProfileDefault, NetProxy, native, nr("unshare"), []uint64{unix.CLONE_NEWUSER}, ePERM},
@@ -350,7 +352,7 @@ func TestRulesMatchProgram(t *testing.T) {
 				}
 				resolved, err := resolve(rs, a)
 				if err != nil {
-					t.Fatalf("%s: %v", a.Name, err)
+					t.Fatalf("%s: %v", a.name, err)
 				}
 				for _, r := range resolved {
 					for i, nr := range r.nrs {
@@ -363,8 +365,8 @@ func TestRulesMatchProgram(t *testing.T) {
 								args[r.cond.arg] = uint64(r.cond.anyOf[len(r.cond.anyOf)-1].val)
 							}
 						}
-						if got := simulate(t, p, m, a, uint32(a.ID), nr, args[:]...); got != r.action {
-							t.Errorf("%s %s/%s %s: got %v, want %v", a.Name, p, m, r.syscalls[i], got, r.action)
+						if got := simulate(t, p, m, a, a.id, nr, args[:]...); got != r.action {
+							t.Errorf("%s %s/%s %s: got %v, want %v", a.name, p, m, r.syscalls[i], got, r.action)
 						}
 					}
 				}
@@ -380,5 +382,33 @@ func TestArgLoOffset(t *testing.T) {
 	}
 	if got := argLoOffset(0); got != want {
 		t.Errorf("argLoOffset(0) = %d, want %d", got, want)
+	}
+}
+
+// The generated tables are go-seccomp-bpf's, whole: after an update of the
+// library, go generate ./internal/linux/seccomp.
+func TestSyscallTablesMatchLibrary(t *testing.T) {
+	for _, c := range []struct {
+		ours   *archInfo
+		theirs *arch.Info
+	}{{&archX86_64, arch.X86_64}, {&archAARCH64, arch.AARCH64}} {
+		if c.ours.name != c.theirs.Name || c.ours.id != uint32(c.theirs.ID) || c.theirs.SeccompMask != 0 {
+			t.Errorf("%s: name %q, audit arch %#x; the library has %q, %#x, mask %#x", c.ours.name, c.ours.name, c.ours.id, c.theirs.Name, c.theirs.ID, c.theirs.SeccompMask)
+		}
+		if !slices.IsSortedFunc(c.ours.syscalls, func(a, b syscallNr) int { return strings.Compare(a.name, b.name) }) {
+			t.Errorf("%s: table not sorted by name", c.ours.name)
+		}
+		ours := map[string]int{}
+		for _, s := range c.ours.syscalls {
+			ours[s.name] = int(s.nr)
+		}
+		if !maps.Equal(ours, c.theirs.SyscallNames) {
+			t.Errorf("%s: the generated table differs from go-seccomp-bpf's; run go generate ./internal/linux/seccomp", c.ours.name)
+		}
+		for name, nr := range c.theirs.SyscallNames {
+			if got, ok := c.ours.number(name); !ok || got != uint32(nr) {
+				t.Errorf("%s: number(%q) = %d, %v; want %d", c.ours.name, name, got, ok, nr)
+			}
+		}
 	}
 }

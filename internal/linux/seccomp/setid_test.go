@@ -18,10 +18,7 @@ import (
 func TestSetIDProgram(t *testing.T) {
 	const hi = 1 << 32
 	for _, a := range testArches {
-		nr := func(name string) (uint32, bool) {
-			n, ok := a.SyscallNames[name]
-			return uint32(n), ok
-		}
+		nr := a.number
 		cases := []struct {
 			syscall string
 			modeArg int
@@ -47,22 +44,22 @@ func TestSetIDProgram(t *testing.T) {
 				// flags) must not be mistaken for the mode.
 				args := []uint64{0o6000, 0o6000, 0o6000, 0o6000}
 				args[c.modeArg] = tc.mode
-				t.Run(fmt.Sprintf("%s/%s/%#o", a.Name, c.syscall, tc.mode), func(t *testing.T) {
-					if got := simulate(t, ProfileDefault, NetProxy, a, uint32(a.ID), n, args...); got != tc.want {
+				t.Run(fmt.Sprintf("%s/%s/%#o", a.name, c.syscall, tc.mode), func(t *testing.T) {
+					if got := simulate(t, ProfileDefault, NetProxy, a, a.id, n, args...); got != tc.want {
 						t.Errorf("got %v, want %v", got, tc.want)
 					}
 				})
 			}
 		}
 		n, _ := nr("openat2")
-		if got := simulate(t, ProfileDefault, NetProxy, a, uint32(a.ID), n, 0, 0, 0, 24); got != eNOSYS {
-			t.Errorf("%s openat2: got %v, want ENOSYS", a.Name, got)
+		if got := simulate(t, ProfileDefault, NetProxy, a, a.id, n, 0, 0, 0, 24); got != eNOSYS {
+			t.Errorf("%s openat2: got %v, want ENOSYS", a.name, got)
 		}
 		// The relaxed profile leaves modes alone (corral refuses to idmap a
 		// writable mount under it instead).
 		n, _ = nr("fchmodat")
-		if got := simulate(t, ProfileRelaxed, NetProxy, a, uint32(a.ID), n, 0, 0, 0o4755); got != retAllow {
-			t.Errorf("%s relaxed fchmodat: got %v, want allow", a.Name, got)
+		if got := simulate(t, ProfileRelaxed, NetProxy, a, a.id, n, 0, 0, 0o4755); got != retAllow {
+			t.Errorf("%s relaxed fchmodat: got %v, want allow", a.name, got)
 		}
 	}
 }
