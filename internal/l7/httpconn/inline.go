@@ -19,7 +19,7 @@ import (
 
 // inlineHeadBytes bounds a request head read inline; a longer one goes to
 // net/http's server with the rest of the connection.
-const inlineHeadBytes = 16 << 10
+const inlineHeadBytes = 8 << 10
 
 // ServeInline is Serve for a handler that answers simple requests without
 // hijacking: HTTP/1.1 requests for GET, HEAD or OPTIONS with no body,
