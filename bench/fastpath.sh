@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fast-path figures of one run, side by side: connection set-up added
 # to a direct connection, the decision engine's latency with 1 000
-# endpoints, inspected HTTPS against direct requests, the supervisor's
+# endpoints, inspected HTTPS against direct requests (Python's client on
+# HTTP/1.1, and curl on h2 and on HTTP/1.1), the supervisor's
 # memory idle and with 1 000 tunnels, and its CPU time per GB relayed.
 # Tunnel throughput and start-up have their own scripts (bench/tunnel.sh,
 # bench/startup.sh). Needs root; every comparison runs on the project's
@@ -45,6 +46,8 @@ printf '%-44s %-12s %s\n' \
 	"inspected HTTPS added p50, repeated (µs)" "$(metric BenchmarkInspectedRequests/repeated added_p50_µs)" "≤ 200" \
 	"inspected HTTPS / direct req/s, unique" "$(metric BenchmarkInspectedRequests/unique ratio)" "≥ 0.5" \
 	"inspected HTTPS added p50, unique (µs)" "$(metric BenchmarkInspectedRequests/unique added_p50_µs)" "≤ 200" \
+	"inspected HTTPS / direct req/s, curl h2" "$(metric BenchmarkInspectedRequestsCurl/http2 ratio)" "≥ 0.5" \
+	"inspected HTTPS / direct req/s, curl 1.1" "$(metric BenchmarkInspectedRequestsCurl/http1.1 ratio)" "≥ 0.5" \
 	"supervisor RSS idle (MiB)" "$(metric BenchmarkSupervisorRSS idle_MiB)" "≤ 40" \
 	"supervisor RSS, 1000 tunnels (MiB)" "$(metric BenchmarkSupervisorRSS 1000_tunnels_MiB)" "≤ 120" \
 	"supervisor CPU per GB relayed (s)" "$(metric BenchmarkRelayCPU cpu_s/GB)" "(lower is better)"

@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -145,4 +147,72 @@ func BenchmarkInspectedVsMitmproxy(b *testing.B) {
 	b.ReportMetric(m["rps"], "mitmproxy_req/s")
 	b.ReportMetric(c["rps"], "corral_req/s")
 	b.ReportMetric(c["rps"]/m["rps"], "ratio")
+}
+
+// BenchmarkInspectedRequestsCurl is BenchmarkInspectedRequests with curl,
+// which offers h2 and so, unlike Python's client, gets it from corral's
+// inspection (and HTTP/1.1 with --http1.1): small GETs one after another on
+// one connection (curl's URL globbing), each with its own query, timed by
+// curl (-w %{time_total}), inside corral against the same requests made
+// directly.
+func BenchmarkInspectedRequestsCurl(b *testing.B) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		b.Skip("curl not installed")
+	}
+	e := setupL7(b)
+	const warm = 20
+	url := fmt.Sprintf("'https://%s/bench?i=[1-%d]'", host, requests+warm)
+	for _, proto := range []string{"http2", "http1.1"} {
+		b.Run(proto, func(b *testing.B) {
+			curl := "curl -sS --" + proto + " -o /dev/null -w '%{http_code} %{http_version} %{time_total}\\n' "
+			version := strings.TrimPrefix(proto, "http")
+			var d, c curlTimes
+			for range b.N {
+				d = runCurl(b, exec.Command("sh", "-c", curl+fmt.Sprintf("--noproxy '*' --resolve %s:443:%s --cacert %s ", host, hostAddr, e.lab.CAFile)+url), version, warm)
+				argv := []string{"run", "--log-level", "error", "--state-dir", e.state, "--workdir", e.workdir,
+					"--policy", e.policy, "--upstream-dns", e.lab.DNS.String()}
+				argv = append(append(argv, e.flags...), "--", "/bin/sh", "-c", curl+"--noproxy '*' "+url)
+				c = runCurl(b, exec.Command(e.corral, argv...), version, warm)
+			}
+			b.ReportMetric(d.rps, "direct_req/s")
+			b.ReportMetric(c.rps, "corral_req/s")
+			b.ReportMetric(c.rps/d.rps, "ratio")
+			b.ReportMetric(c.p50-d.p50, "added_p50_µs")
+			b.ReportMetric(c.p99-d.p99, "added_p99_µs")
+		})
+	}
+}
+
+type curlTimes struct{ rps, p50, p99 float64 }
+
+// runCurl runs cmd, which prints one "status version seconds" line per
+// request, checks every request got 200 over HTTP version, and returns
+// the rate and latencies of all but the first warm.
+func runCurl(b *testing.B, cmd *exec.Cmd, version string, warm int) curlTimes {
+	b.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("%v: %v\n%s", cmd.Args, err, out)
+	}
+	var lat []float64
+	for i, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "200" || f[1] != version {
+			b.Fatalf("request %d: %q", i, line)
+		}
+		if i < warm {
+			continue
+		}
+		s, err := strconv.ParseFloat(f[2], 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, s*1e6)
+	}
+	total := 0.0
+	for _, l := range lat {
+		total += l
+	}
+	slices.Sort(lat)
+	return curlTimes{rps: float64(len(lat)) / (total / 1e6), p50: lat[len(lat)/2], p99: lat[len(lat)*99/100]}
 }
