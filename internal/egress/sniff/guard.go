@@ -276,6 +276,11 @@ func (g *guarded) checkRequest(req *http.Request) error {
 	switch {
 	case req.Method == http.MethodConnect:
 		refusal = malformed("http", "CONNECT inside an HTTP connection")
+	case req.URL.Opaque != "":
+		// A target such as "a:b://h" parses as opaque, so the Host header
+		// is the name checked, but net/http writes it on without its
+		// scheme, as "b://h", which the server reads as naming host h.
+		refusal = malformed("http", "request target is neither a path nor an absolute URL")
 	case req.Host == "":
 		refusal = malformed("http", "no Host header")
 	case !validHost(req.Host):
