@@ -92,11 +92,22 @@ func (w *writer) Write(p []byte) (int, error) {
 		return 0, w.err
 	}
 	if !w.sent {
-		w.pending = append(w.pending, p...)
-		if len(w.pending) > chunkingAfter {
-			w.sendHead(false)
+		if len(w.pending)+len(p) <= chunkingAfter {
+			w.pending = append(w.pending, p...)
+			return len(p), w.err
 		}
-		return len(p), w.err
+		// As net/http's 2 KiB buffer does: topped up from p and sent as
+		// the first chunk, or p itself when nothing is buffered; the head
+		// is chosen by those first bytes. A large p is never copied, so
+		// no connection keeps a buffer the size of its largest write.
+		if len(w.pending) > 0 {
+			k := chunkingAfter - len(w.pending)
+			w.pending = append(w.pending, p[:k]...)
+			w.sendHead(false, w.pending)
+			w.body(p[k:])
+			return len(p), w.err
+		}
+		w.sendHead(false, p)
 	}
 	w.body(p)
 	return len(p), w.err
@@ -109,7 +120,7 @@ func (w *writer) FlushError() error {
 		w.WriteHeader(http.StatusOK)
 	}
 	if !w.sent {
-		w.sendHead(false)
+		w.sendHead(false, w.pending)
 	}
 	w.flush()
 	return w.err
@@ -122,7 +133,7 @@ func (w *writer) finish() bool {
 		w.WriteHeader(http.StatusOK)
 	}
 	if !w.sent {
-		w.sendHead(true)
+		w.sendHead(true, w.pending)
 	}
 	if w.chunked {
 		w.bw.WriteString("0\r\n")
@@ -139,8 +150,9 @@ func (w *writer) finish() bool {
 }
 
 // sendHead writes the status line and header, choosing the framing as
-// net/http's server does, then the body buffered so far.
-func (w *writer) sendHead(done bool) {
+// net/http's server does from first, the body's first bytes, then the
+// body buffered so far.
+func (w *writer) sendHead(done bool, first []byte) {
 	w.sent = true
 	h := w.head
 	isHead := w.req.Method == http.MethodHead
@@ -164,17 +176,17 @@ func (w *writer) sendHead(done bool) {
 		}
 	}
 	te := h.Get("Transfer-Encoding")
-	if done && !hasTrailers && te == "" && bodyAllowed(w.status) && h.Get("Content-Length") == "" && (!isHead || len(w.pending) > 0) {
-		w.clen = int64(len(w.pending))
-		h.Set("Content-Length", strconv.Itoa(len(w.pending)))
+	if done && !hasTrailers && te == "" && bodyAllowed(w.status) && h.Get("Content-Length") == "" && (!isHead || len(first) > 0) {
+		w.clen = int64(len(first))
+		h.Set("Content-Length", strconv.Itoa(len(first)))
 	}
 	if w.req.Close || hasToken(h.Get("Connection"), "close") {
 		w.closeAfter = true
 	}
 	if bodyAllowed(w.status) {
 		_, haveType := h["Content-Type"]
-		if !haveType && h.Get("Content-Encoding") == "" && te == "" && len(w.pending) > 0 {
-			h.Set("Content-Type", http.DetectContentType(w.pending))
+		if !haveType && h.Get("Content-Encoding") == "" && te == "" && len(first) > 0 {
+			h.Set("Content-Type", http.DetectContentType(first))
 		}
 	} else {
 		h.Del("Content-Length")
