@@ -319,6 +319,10 @@ func TestBadRequests(t *testing.T) {
 		"CONNECT bad_host!:443 HTTP/1.1\r\n\r\n",
 		"CONNECT [fe80::1%25eth0]:443 HTTP/1.1\r\n\r\n",
 		"GET http://user:pw@allowed.test/ HTTP/1.1\r\n\r\n",
+		// Opaque targets name no host: written on, "x://allowed.test"
+		// would name one the gate never saw.
+		"GET http:allowed.test HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+		"GET http:x://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
 		"\x16\x03\x01garbage\r\n\r\n",
 	} {
 		c := h.dial(t)

@@ -929,6 +929,19 @@ func TestHostHeaderMismatch(t *testing.T) {
 	}
 	// The same host with a port and in another case is the same host.
 	wantOK(t, h.raw(t, "GET", "/x", "API.example.com:443"), "ok GET /x")
+
+	// An opaque target ("a:b://host/x") has no path to decide: refused,
+	// and never written on, where a server could read it as naming
+	// another host.
+	before := len(up.seen())
+	for _, target := range []string{"a:https://" + otherHost + "/x", "https:" + otherHost + "/x"} {
+		if body := denial(t, h.raw(t, "GET", target, apiHost)); body["reason"] != egress.ReasonL7BadPath {
+			t.Errorf("%s: denial reason %v, want %s", target, body["reason"], egress.ReasonL7BadPath)
+		}
+	}
+	if n := len(up.seen()) - before; n != 0 {
+		t.Errorf("upstream saw %q", up.uris()[before:])
+	}
 }
 
 func TestPlainHTTPInspected(t *testing.T) {
