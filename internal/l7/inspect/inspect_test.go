@@ -557,6 +557,55 @@ func rest(host string, port int, mod func(*policy.Endpoint)) policy.Endpoint {
 
 func readOnly(ep *policy.Endpoint) { ep.Access = policy.AccessReadOnly }
 
+// Requests pipelined on one HTTP/1.1 connection are each decided, in
+// order: the simple ones are answered inline, and the POST behind them
+// hands the rest of the connection, itself still unread, to net/http's
+// server.
+func TestReadOnlyDecidesEachPipelinedRequest(t *testing.T) {
+	up := newUpstream(t)
+	h := newHarness(t, up, config{policy: restPolicy(rest(apiHost, 443, readOnly))})
+	conn := h.dialRaw(t)
+	defer conn.Close()
+	reqs := []struct {
+		method, path string
+		status       int
+	}{
+		{"GET", "/repos/a", http.StatusOK},
+		{"HEAD", "/repos/b", http.StatusOK},
+		{"POST", "/repos/c", http.StatusForbidden},
+		{"GET", "/repos/d", http.StatusOK},
+		{"DELETE", "/repos/e", http.StatusForbidden},
+		{"GET", "/repos/f", http.StatusOK},
+	}
+	var b strings.Builder
+	for _, r := range reqs {
+		fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", r.method, r.path, apiHost)
+		if r.method == "POST" {
+			b.WriteString("Content-Length: 2\r\n\r\n{}")
+			continue
+		}
+		b.WriteString("\r\n")
+	}
+	if _, err := io.WriteString(conn, b.String()); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	for _, r := range reqs {
+		resp, err := http.ReadResponse(br, &http.Request{Method: r.method})
+		if err != nil {
+			t.Fatalf("%s %s: %v", r.method, r.path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != r.status {
+			t.Errorf("%s %s: status %d, want %d", r.method, r.path, resp.StatusCode, r.status)
+		}
+	}
+	if got, want := up.uris(), []string{"GET /repos/a", "HEAD /repos/b", "GET /repos/d", "GET /repos/f"}; !slices.Equal(got, want) {
+		t.Fatalf("upstream saw %q, want %q", got, want)
+	}
+}
+
 func TestReadOnlyDecidesEachH2Stream(t *testing.T) {
 	up := newUpstream(t)
 	h := newHarness(t, up, config{policy: restPolicy(rest(apiHost, 443, readOnly))})
