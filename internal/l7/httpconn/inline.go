@@ -48,6 +48,9 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 	s := &inline{c: c, br: bufio.NewReaderSize(c, inlineHeadBytes), h: h, log: log, tls: state, remote: c.RemoteAddr().String()}
 	s.w.bw = bufio.NewWriterSize(c, 4<<10)
 	s.watch.s = s
+	// ReverseProxy looks for a server under ServerContextKey (see
+	// inlineServer); every request's context derives from this one.
+	base := context.WithValue(ctx, http.ServerContextKey, inlineServer)
 	handedOver := false
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer func() {
@@ -86,7 +89,7 @@ func ServeInline(ctx context.Context, c net.Conn, h http.Handler, idle time.Dura
 			return Serve(ctx, &BufferedConn{Conn: c, R: s.br}, h, idle, log)
 		}
 		s.br.Discard(len(head))
-		rctx, cancel := context.WithCancel(context.WithValue(ctx, http.ServerContextKey, inlineServer))
+		rctx, cancel := context.WithCancel(base)
 		keep := s.serve(req.WithContext(rctx), cancel)
 		cancel()
 		if !keep {

@@ -180,7 +180,7 @@ func (w *writer) sendHead(done bool, first []byte) {
 		w.clen = int64(len(first))
 		h.Set("Content-Length", strconv.Itoa(len(first)))
 	}
-	if w.req.Close || hasToken(h.Get("Connection"), "close") {
+	if w.req.Close || httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
 		w.closeAfter = true
 	}
 	if bodyAllowed(w.status) {
@@ -215,7 +215,7 @@ func (w *writer) sendHead(done bool, first []byte) {
 		h.Set("Transfer-Encoding", "chunked")
 		h.Del("Content-Length")
 	}
-	if w.closeAfter && !hasToken(h.Get("Connection"), "close") {
+	if w.closeAfter && !httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
 		h.Set("Connection", "close")
 	}
 	w.writeStatus(w.status)
@@ -284,13 +284,4 @@ func (w *writer) finalTrailers() http.Header {
 
 func bodyAllowed(status int) bool {
 	return (status < 100 || status > 199) && status != http.StatusNoContent && status != http.StatusNotModified
-}
-
-func hasToken(v, token string) bool {
-	for t := range strings.SplitSeq(v, ",") {
-		if strings.EqualFold(textproto.TrimString(t), token) {
-			return true
-		}
-	}
-	return false
 }
