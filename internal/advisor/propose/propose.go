@@ -345,39 +345,24 @@ func refine(ep *policy.Endpoint, e aggregate.Entry) string {
 	return fmt.Sprintf("%s made %s, more than any preset allows without DELETE or other methods on every path, so each method is allowed only on the paths seen, with ids written as *.", describe(e.Binary), seen)
 }
 
-// The shapes of id segments, as byte tests rather than regular
-// expressions: compiling those was a package initialisation every corral
-// start paid, proposing or not.
-func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+// Character sets of id segments. Tested with strings.Trim rather than
+// regular expressions: compiling those was a package initialisation
+// every corral start paid, proposing or not.
+const (
+	hexDigits  = "0123456789abcdefABCDEF"
+	tokenChars = hexDigits + "ghijklmnopqrstuvwxyzGHIJKLMNOPQRSTUVWXYZ_-"
+)
 
-func isTokenByte(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '_' || c == '-'
-}
-
-func all(s string, ok func(byte) bool) bool {
-	for i := range len(s) {
-		if !ok(s[i]) {
-			return false
-		}
-	}
-	return true
-}
+// only reports whether every byte of s is in set.
+func only(s, set string) bool { return strings.Trim(s, set) == "" }
 
 // isUUID: 8-4-4-4-12 hex digits.
 func isUUID(s string) bool {
-	if len(s) != 36 {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return false
 	}
-	for i := range len(s) {
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			if s[i] != '-' {
-				return false
-			}
-		} else if !isHex(s[i]) {
-			return false
-		}
-	}
-	return true
+	return only(s[:8], hexDigits) && only(s[9:13], hexDigits) && only(s[14:18], hexDigits) &&
+		only(s[19:23], hexDigits) && only(s[24:], hexDigits)
 }
 
 // IDSegment reports whether a path segment looks like an identifier
@@ -393,9 +378,9 @@ func IDSegment(s string) bool {
 		return true
 	case isUUID(s):
 		return true
-	case len(s) >= 8 && all(s, isHex) && (hasDigit || len(s) >= 16):
+	case len(s) >= 8 && only(s, hexDigits) && (hasDigit || len(s) >= 16):
 		return true
-	case len(s) >= 20 && all(s, isTokenByte) && hasDigit && hasLetter:
+	case len(s) >= 20 && only(s, tokenChars) && hasDigit && hasLetter:
 		return true
 	}
 	return false

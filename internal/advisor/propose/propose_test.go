@@ -248,14 +248,22 @@ func TestIDSegment(t *testing.T) {
 	}
 }
 
-// The byte tests of IDSegment accept exactly what these expressions do.
+// The character-set tests of IDSegment accept exactly what these
+// expressions do.
 func TestIDShapes(t *testing.T) {
 	uuid := regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	hex := regexp.MustCompile(`^[0-9a-fA-F]{8,}$`)
 	tok := regexp.MustCompile(`^[A-Za-z0-9_-]{20,}$`)
 	const alphabet = "0189afAFgzGZ-_./ é"
 	rng := rand.New(rand.NewPCG(1, 2))
-	cases := []string{"", "3f2504e0-4f89-11d3-9a0c-0305e82c3301", "3f2504e0-4f89-11d3-9a0c-0305e82c330", "3f2504e0x4f89-11d3-9a0c-0305e82c3301"}
+	const uuidOK = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
+	cases := []string{"", uuidOK, uuidOK[:35], uuidOK + "0"}
+	// Every position of a UUID changed to each kind of byte.
+	for i := range len(uuidOK) {
+		for _, c := range "a-g_" {
+			cases = append(cases, uuidOK[:i]+string(c)+uuidOK[i+1:])
+		}
+	}
 	for range 20000 {
 		b := make([]byte, rng.IntN(40))
 		letters := alphabet
@@ -273,9 +281,10 @@ func TestIDShapes(t *testing.T) {
 		cases = append(cases, string(b[:min(len(b), 36)]), string(b))
 	}
 	for _, s := range cases {
-		if isUUID(s) != uuid.MatchString(s) || (len(s) >= 8 && all(s, isHex)) != hex.MatchString(s) || (len(s) >= 20 && all(s, isTokenByte)) != tok.MatchString(s) {
+		isHexSeg, isTokSeg := len(s) >= 8 && only(s, hexDigits), len(s) >= 20 && only(s, tokenChars)
+		if isUUID(s) != uuid.MatchString(s) || isHexSeg != hex.MatchString(s) || isTokSeg != tok.MatchString(s) {
 			t.Fatalf("%q: uuid %v/%v hex %v/%v token %v/%v", s, isUUID(s), uuid.MatchString(s),
-				len(s) >= 8 && all(s, isHex), hex.MatchString(s), len(s) >= 20 && all(s, isTokenByte), tok.MatchString(s))
+				isHexSeg, hex.MatchString(s), isTokSeg, tok.MatchString(s))
 		}
 	}
 }
