@@ -17,7 +17,8 @@ import (
 // accepted a WebSocket with 101: the attack asks for an upgrade the server
 // does not grant, then for another name served at the same address, through
 // the transparent listener, CONNECT and SOCKS5, with the project's raw
-// client, curl (an h2c upgrade) and python3's http.client.
+// client, curl (an h2c upgrade) and python3's http.client. curl also sends
+// request targets that parse as opaque URLs naming the other host.
 
 // guardScript runs in the sandbox; every case prints its output under a
 // "=== name" line.
@@ -42,6 +43,15 @@ for via in direct connect socks; do
   echo "=== bigcurl-$via"
   curl -sS -m 30 -o /dev/null -w 'big %{http_code} %{size_download}\n' "${proxy[@]}" 'http://front.test/big?n=4194304' \
     --next -sS -m 5 -w '\n' "${proxy[@]}" -H 'Host: hidden.test' http://front.test/curl-hidden-after-big 2>&1
+  echo "exit=$?"
+  # A target that parses as an opaque URL ("x:http://hidden.test/…") is
+  # checked by its Host header, and must never be written on as a target
+  # the server reads as naming hidden.test; first on a connection, and
+  # after an allowed request.
+  echo "=== opaque-$via"
+  curl -sS -m 5 -w ' %{http_code}\n' "${proxy[@]}" --request-target 'x:http://hidden.test/opaque-first' http://front.test/ 2>&1
+  curl -sS -m 5 -w '\n' "${proxy[@]}" http://front.test/opaque-control \
+    --next -sS -m 5 -w ' %{http_code}\n' "${proxy[@]}" --request-target 'x:http://hidden.test/opaque-second' http://front.test/ 2>&1
   echo "exit=$?"
 done
 for via in direct connect; do
@@ -102,6 +112,8 @@ func TestUpgradeKeepsHostChecks(t *testing.T) {
 			n.hasNot("curl-"+via, `hello from hidden.test`)
 			n.has("bigcurl-"+via, `big 200 4194304\n`)
 			n.hasNot("bigcurl-"+via, `hello from hidden.test`)
+			n.has("opaque-"+via, `hello from front\.test GET /opaque-control`)
+			n.hasNot("opaque-"+via, `hello from hidden.test`)
 		}
 		for _, via := range []string{"direct", "connect"} {
 			n.has("python-"+via, `FIRST 200 hello from front.test GET /py-upgrade\n`)
