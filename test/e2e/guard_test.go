@@ -53,11 +53,37 @@ for via in direct connect socks; do
   curl -sS -m 5 -w '\n' "${proxy[@]}" http://front.test/opaque-control \
     --next -sS -m 5 -w ' %{http_code}\n' "${proxy[@]}" --request-target 'x:http://hidden.test/opaque-second' http://front.test/ 2>&1
   echo "exit=$?"
+  # Openings an HTTP server reads as a request though they stray from
+  # the usual shape (here a method of 26 letters) are checked like any
+  # other, and so is every request after them.
+  echo "=== longmethod-$via"
+  curl -sS -m 5 -w ' %{http_code}\n' "${proxy[@]}" -X ABCDEFGHIJKLMNOPQRSTUVWXYZ http://front.test/long-first \
+    --next -sS -m 5 -w ' %{http_code}\n' "${proxy[@]}" -H 'Host: hidden.test' http://front.test/long-then-hidden 2>&1
+  echo "exit=$?"
 done
+echo "=== stray-openings"; python3 $W/stray.py 2>&1
 for via in direct connect; do
   echo "=== python-$via"; python3 $W/guard.py $via front.test hidden.test 2>&1; echo "exit=$?"
 done
 echo "=== end"
+`
+
+// strayPy opens with an empty line (which servers skip, RFC 9112 section
+// 2.2) or with an unknown method and a byte above 0x7e in the target, then
+// asks for hidden.test on the same connection.
+const strayPy = `import socket
+for name, first in [("crlf", b"\r\nGET /crlf-first HTTP/1.1\r\nHost: front.test\r\n\r\n"),
+                    ("highbyte", b"FOO /\x80 HTTP/1.1\r\nHost: hidden.test\r\n\r\n")]:
+    s = socket.create_connection(("front.test", 80), timeout=5)
+    try:
+        s.sendall(first)
+        got = s.recv(4096)
+        if got:
+            s.sendall(b"GET /" + name.encode() + b"-then-hidden HTTP/1.1\r\nHost: hidden.test\r\n\r\n")
+            got += s.recv(4096)
+        print(name, "ANSWERED" if got else "REFUSED", got.decode("latin-1"))
+    except OSError as e:
+        print(name, "REFUSED", type(e).__name__)
 `
 
 // guardPy asks for an h2c upgrade, which the lab's HTTP/1.1 server ignores,
@@ -89,6 +115,7 @@ func TestUpgradeKeepsHostChecks(t *testing.T) {
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "guard.sh"), []byte(guardScript), 0o755)
 		writeOwned(t, m, filepath.Join(fx.W, "guard.py"), []byte(guardPy), 0o644)
+		writeOwned(t, m, filepath.Join(fx.W, "stray.py"), []byte(strayPy), 0o644)
 		pol := proxyPolicy(fmt.Sprintf("network_policies:\n  front:\n    endpoints:\n      - host: front.test\n        port: %d\n", netlab.PortHTTP))
 		r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/bash", filepath.Join(fx.W, "guard.sh")},
 			policy: pol, timeout: 120 * time.Second,
@@ -114,7 +141,11 @@ func TestUpgradeKeepsHostChecks(t *testing.T) {
 			n.hasNot("bigcurl-"+via, `hello from hidden.test`)
 			n.has("opaque-"+via, `hello from front\.test GET /opaque-control`)
 			n.hasNot("opaque-"+via, `hello from hidden.test`)
+			n.has("longmethod-"+via, `hello from front\.test ABCDEFGHIJKLMNOPQRSTUVWXYZ /long-first`)
+			n.hasNot("longmethod-"+via, `hello from hidden.test`)
 		}
+		n.has("stray-openings", `crlf REFUSED`)
+		n.has("stray-openings", `highbyte REFUSED`)
 		for _, via := range []string{"direct", "connect"} {
 			n.has("python-"+via, `FIRST 200 hello from front.test GET /py-upgrade\n`)
 			n.has("python-"+via, `SECOND-ERR`)

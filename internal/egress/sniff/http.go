@@ -6,14 +6,11 @@ import (
 	"strings"
 )
 
-// maxMethodLen bounds how long a run of token bytes may still be taken for
-// an HTTP method; longer text is some other protocol.
-const maxMethodLen = 24
-
 // knownMethods commit a connection to HTTP as soon as "METHOD " is seen:
 // from then on a deviation (two spaces, a bare LF, a folded header) is
 // malformed and refused, not waved through as raw TCP, because lenient
-// servers would still route it by its Host header.
+// servers would still route it by its Host header. Any other method
+// commits it once its first line names an HTTP version.
 var knownMethods = map[string]bool{
 	"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true,
 	"CONNECT": true, "OPTIONS": true, "TRACE": true, "PATCH": true,
@@ -91,56 +88,106 @@ func HTTPHost(b []byte) (host string, complete bool, err error) {
 // requestLine parses "METHOD SP target SP HTTP/d.d" up to its LF and returns
 // the bytes consumed; n is 0 while the line is unfinished but still
 // plausible.
+//
+// What is not HTTP is relayed unchecked, so the line is taken for HTTP
+// whenever some server could take it for one: whatever the method's length,
+// after empty lines (which servers skip, RFC 9112 section 2.2), with tabs
+// for spaces, with bytes above 0x7e in the target. Such a line must then
+// parse strictly or it is malformed. Only a line that ends without naming
+// an HTTP version, or holds a control byte no server accepts in a request
+// line, is something else (memcached's "get key", git's pkt-lines).
 func requestLine(b []byte) (method, target string, n int, err error) {
+	start := 0
+	for start < len(b) && (b[start] == '\r' || b[start] == '\n') {
+		start++
+	}
+	line := b[start:]
 	i := 0
-	for i < len(b) && isTchar(b[i]) {
+	for i < len(line) && isTchar(line[i]) {
 		i++
 	}
-	if i > maxMethodLen {
-		return "", "", 0, ErrNotHTTP
-	}
-	if i == len(b) {
+	if i == len(line) {
 		return "", "", 0, nil
 	}
-	if i == 0 || b[i] != ' ' {
+	if i == 0 || (line[i] != ' ' && line[i] != '\t') {
 		return "", "", 0, ErrNotHTTP
 	}
-	method = string(b[:i])
-	fail := func(what string) error {
-		if knownMethods[method] {
-			return malformed("http", "request line: %s", what)
+	method = string(line[:i])
+	lf := bytes.IndexByte(line, '\n')
+	end := lf
+	if end < 0 {
+		end = len(line)
+	}
+	for _, c := range line[i:end] {
+		if (c < ' ' && c != '\t' && c != '\r') || c == 0x7f {
+			if knownMethods[method] {
+				return "", "", 0, malformed("http", "control byte in request line")
+			}
+			return "", "", 0, ErrNotHTTP
 		}
-		return ErrNotHTTP
+	}
+	if lf < 0 {
+		if knownMethods[method] && !plausibleRest(line[i:]) {
+			return "", "", 0, malformed("http", "request line %q", truncate(line))
+		}
+		return "", "", 0, nil
+	}
+	first := trimCR(line[:lf])
+	if !knownMethods[method] && !namesVersion(first[i:]) {
+		return "", "", 0, ErrNotHTTP
+	}
+	// From here on the line is HTTP.
+	if start > 0 {
+		return "", "", 0, malformed("http", "empty line before the request line")
 	}
 	j := i + 1
-	for j < len(b) && b[j] > ' ' && b[j] < 0x7f {
+	for j < len(first) && first[j] > ' ' && first[j] < 0x7f {
 		j++
 	}
-	if j == len(b) {
-		return "", "", 0, nil
+	if line[i] != ' ' || j == i+1 || j == len(first) || first[j] != ' ' {
+		return "", "", 0, malformed("http", "request line %q", truncate(first))
 	}
-	if j == i+1 || b[j] != ' ' {
-		return "", "", 0, fail("request-target")
-	}
-	target = string(b[i+1 : j])
-	rest := b[j+1:]
-	lf := bytes.IndexByte(rest, '\n')
-	if lf < 0 {
-		if !versionPrefix(rest) {
-			return "", "", 0, fail("version")
-		}
-		return "", "", 0, nil
-	}
-	version := trimCR(rest[:lf])
+	target = string(first[i+1 : j])
+	version := first[j+1:]
 	if len(version) != len("HTTP/1.1") || !versionPrefix(version) {
-		return "", "", 0, fail("version")
+		return "", "", 0, malformed("http", "request line %q", truncate(first))
 	}
-	// The line has HTTP's shape, so it is HTTP even with an unknown
-	// method; only 1.x carries a Host header that can be checked here.
+	// Only 1.x carries a Host header that can be checked here.
 	if string(version) != "HTTP/1.1" && string(version) != "HTTP/1.0" {
 		return "", "", 0, malformed("http", "version %s", version)
 	}
-	return method, target, j + 1 + lf + 1, nil
+	return method, target, start + lf + 1, nil
+}
+
+// plausibleRest reports whether rest, the unfinished line after a known
+// method, could still become " target HTTP/d.d".
+func plausibleRest(rest []byte) bool {
+	if rest[0] != ' ' {
+		return false
+	}
+	j := 1
+	for j < len(rest) && rest[j] > ' ' && rest[j] < 0x7f {
+		j++
+	}
+	switch {
+	case j == len(rest):
+		return true
+	case j == 1 || rest[j] != ' ':
+		return false
+	}
+	return versionPrefix(rest[j+1:])
+}
+
+// namesVersion reports whether a request line's text after the method
+// holds "HTTP/" and a digit, in any case: a server may take the line for
+// HTTP then, however the rest looks.
+func namesVersion(rest []byte) bool {
+	for k := 0; k+5 < len(rest); k++ {
+		if bytes.EqualFold(rest[k:k+5], []byte("HTTP/")) && rest[k+5] >= '0' && rest[k+5] <= '9' {
+			return true
+		}
+	}
+	return false
 }
 
 // versionPrefix reports whether v could begin "HTTP/d.d\r".

@@ -180,6 +180,8 @@ func TestHTTPHost(t *testing.T) {
 		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n", "example.com"},
 		{"unknown method with http shape", "BREW /pot HTTP/1.1\r\nHost: tea.example\r\n\r\n", "tea.example"},
 		{"trailing dot", "GET / HTTP/1.1\r\nHost: example.com.\r\n\r\n", "example.com."},
+		// Servers take any token for a method, however long.
+		{"long unknown method", "ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\r\nHost: tea.example\r\n\r\n", "tea.example"},
 	}
 	for _, tt := range tests {
 		host, complete, err := HTTPHost([]byte(tt.head))
@@ -212,6 +214,15 @@ func TestHTTPHostRejects(t *testing.T) {
 		"ipv6 zone":            "GET / HTTP/1.1\r\nHost: [fe80::1%25eth0]\r\n\r\n",
 		"port not digits":      "GET / HTTP/1.1\r\nHost: a.example:https\r\n\r\n",
 		"two colons unbracket": "GET / HTTP/1.1\r\nHost: 2001:db8::1\r\n\r\n",
+		// Lines some server takes for a request, which must then parse.
+		"empty line first":           "\r\nGET / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+		"bare LF first":              "\nFOO / HTTP/1.1\r\nHost: a.example\r\n\r\n",
+		"high byte, unknown method":  "FOO /\x80 HTTP/1.1\r\nHost: a.example\r\n\r\n",
+		"tabs":                       "GET\t/\tHTTP/1.1\r\nHost: a.example\r\n\r\n",
+		"tab after unknown method":   "FOO\t/ HTTP/1.1\r\nHost: a.example\r\n\r\n",
+		"lower-case version":         "FOO / http/1.1\r\nHost: a.example\r\n\r\n",
+		"text after version":         "FOO / HTTP/1.1 x\r\nHost: a.example\r\n\r\n",
+		"control byte, known method": "GET /\x01 HTTP/1.1\r\nHost: a.example\r\n\r\n",
 	}
 	for name, head := range malformedHeads {
 		if _, _, err := HTTPHost([]byte(head)); !errors.Is(err, ErrMalformed) {
@@ -225,6 +236,9 @@ func TestHTTPHostRejects(t *testing.T) {
 		"postgres": "\x00\x00\x00\x08\x04\xd2\x16\x2f",
 		"memcache": "get foo\r\n",
 		"unknown":  "HELLO world again\r\n",
+		"git":      "003bgit-upload-pack /project.git\x00host=a.example\x00",
+		// A protocol buffer's usual first byte is a line feed.
+		"protobuf": "\n\x05hello",
 	}
 	for name, head := range notHTTP {
 		if _, _, err := HTTPHost([]byte(head)); !errors.Is(err, ErrNotHTTP) {
