@@ -210,6 +210,54 @@ chmod u+w "$dst" && cp ".git/objects/$(echo $c | cut -c1-2)/$(echo $c | cut -c3-
 	})
 }
 
+// TestGitPolicyRefusesPlantedRepositories: a workload working below the
+// repository's top makes its working directory a repository of its own,
+// whose main holds a policy that turns the sandbox off; and at the top,
+// where .git is a symbolic link, the workload could repoint it. The next
+// run with the same command line must refuse to start rather than take
+// the workload's policy.
+func TestGitPolicyRefusesPlantedRepositories(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/git"); err != nil {
+		requireFeature(t, "needs /usr/bin/git (apt-get install git)")
+	}
+	const plant = `g() { git -c user.name=agent -c user.email=agent@example.invalid -c safe.directory='*' "$@"; }
+g init -q -b main . && mkdir -p .corral && printf 'version: 1\nsandbox: disabled\n' > .corral/policy.yaml && g add .corral/policy.yaml && g commit -qm forged && echo PLANTED
+`
+	forEachMode(t, false, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		const rel = ".corral/policy.yaml"
+		commitPolicy(t, fx.W, rel, systemPolicy(""))
+		sub := filepath.Join(fx.W, "pkg")
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := chownTree(fx.W, m.uid, m.gid); err != nil {
+			t.Fatal(err)
+		}
+		flags := []string{"--workdir", sub, "--policy", "git:main:" + rel}
+		r := runCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c", plant}, flags: flags, timeout: 60 * time.Second})
+		if r.code != 0 || !strings.Contains(r.stdout, "PLANTED") {
+			t.Fatalf("control: the workload could not make its working directory a repository\n%s", r)
+		}
+		r = runCorral(t, fx, runOpts{args: []string{"/bin/true"}, flags: flags, timeout: 60 * time.Second})
+		if r.code != 125 || !strings.Contains(r.stderr, "inside the working tree of the repository at "+fx.W) || strings.Contains(r.stderr, "WITHOUT A SANDBOX") {
+			t.Errorf("a repository planted below the top: want a refusal to start naming %s\n%s", fx.W, r)
+		}
+
+		top := filepath.Join(fx.aux, "linked")
+		if err := os.MkdirAll(top, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(fx.W, ".git"), filepath.Join(top, ".git")); err != nil {
+			t.Fatal(err)
+		}
+		r = runCorral(t, fx, runOpts{args: []string{"/bin/true"}, flags: []string{"--workdir", top, "--policy", "git:main:" + rel}, timeout: 60 * time.Second})
+		if r.code != 125 || !strings.Contains(r.stderr, "is a symbolic link") {
+			t.Errorf("a symlinked .git: want a refusal to start\n%s", r)
+		}
+	})
+}
+
 // TestGitPolicyDraftExport: a sandbox started from git:main is refused a
 // host; its draft is approved; after the sandbox has exited, draft export
 // gives a diff against the file at the commit it ran with, which git

@@ -99,6 +99,14 @@ func load(workdir string, s Spec) (*repo, []byte, plumbing.Hash, error) {
 	if err != nil {
 		return nil, nil, plumbing.ZeroHash, fmt.Errorf("%s: %w", s, err)
 	}
+	// A full commit id pins the content, whichever repository holds it:
+	// every object is checked against its id. Any other REF is only as
+	// trustworthy as the repository it is looked up in.
+	if _, err := parseHash(s.Ref); err != nil {
+		if err := r.checkPlacement(); err != nil {
+			return nil, nil, plumbing.ZeroHash, fmt.Errorf("%s: %w", s, err)
+		}
+	}
 	h, err := r.resolve(s.Ref)
 	if err != nil {
 		return nil, nil, h, fmt.Errorf("%s: %w", s, err)

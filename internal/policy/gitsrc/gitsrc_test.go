@@ -406,3 +406,55 @@ func TestForPlanProtectsTheRepository(t *testing.T) {
 		t.Errorf("with the repository as a read_write path: read-only paths added %v, want %v", got, gitDir)
 	}
 }
+
+// A sandbox writes its working directory. When that lies below the
+// repository's top, it can plant a repository of its own there, which the
+// walk up from the next run's working directory finds first; when .git is
+// a symbolic link, it can repoint it. A REF looked up there would be the
+// sandbox's choice, so such a repository is refused unless REF is a full
+// commit id, whose objects are checked whatever holds them.
+func TestLoadRefusesRepositoriesASandboxCouldPlant(t *testing.T) {
+	f := newFixture(t)
+	pkg := filepath.Join(f.dir, "pkg")
+	planted, err := git.PlainInitWithOptions(pkg, &git.PlainInitOptions{InitOptions: git.InitOptions{DefaultBranch: plumbing.NewBranchReferenceName("main")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(pkg, ".corral"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pkg, policyPath), []byte(policyText("forged.test")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wt, err := planted.Worktree()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wt.Add(policyPath); err != nil {
+		t.Fatal(err)
+	}
+	forged, err := wt.Commit("forged", &git.CommitOptions{Author: &object.Signature{Name: "t", Email: "t@example.invalid", When: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, _, _, err := Load(pkg, "git:main:"+policyPath); err == nil || !strings.Contains(err.Error(), "inside the working tree of the repository at "+f.dir) {
+		t.Fatalf("nested repository: %q, %v; want a refusal naming %s", data, err, f.dir)
+	}
+	if data, _, _, err := Load(pkg, "git:"+forged.String()+":"+policyPath); err != nil || string(data) != policyText("forged.test") {
+		t.Fatalf("nested repository, full commit id: %q, %v", data, err)
+	}
+
+	top := filepath.Join(t.TempDir(), "top")
+	if err := os.MkdirAll(top, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(f.dir, ".git"), filepath.Join(top, ".git")); err != nil {
+		t.Fatal(err)
+	}
+	if data, _, _, err := Load(top, "git:main:"+policyPath); err == nil || !strings.Contains(err.Error(), "is a symbolic link") {
+		t.Fatalf("symlinked .git: %q, %v; want a refusal", data, err)
+	}
+	if data, _, _, err := Load(top, "git:"+f.second.String()+":"+policyPath); err != nil || string(data) != policyText("two.test") {
+		t.Fatalf("symlinked .git, full commit id: %q, %v", data, err)
+	}
+}

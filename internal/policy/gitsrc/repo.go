@@ -72,6 +72,46 @@ func openRepo(dir string) (*repo, error) {
 	}
 }
 
+// checkPlacement refuses a repository that a sandbox could have put in
+// the place where it was found. A sandbox writes its working directory: it
+// can plant a repository there when the working directory lies below the
+// real repository's top (the walk up finds the nearest .git), or repoint a
+// .git that is a symbolic link (the plan protects the link's target, not
+// the link). A .git file of a submodule, whose git directory lies in the
+// enclosing repository's, is not one of those.
+func (r *repo) checkPlacement() error {
+	link := filepath.Join(r.top, ".git")
+	if fi, err := os.Lstat(link); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symbolic link, which a sandbox that can write %s could point at a repository of its own; make it a directory or a \"gitdir:\" file, or pin REF to a full commit id", link, r.top)
+	}
+	for d := filepath.Dir(r.top); ; d = filepath.Dir(d) {
+		outer, err := dotGit(d)
+		if err != nil {
+			return err
+		}
+		if outer != "" {
+			if within(r.gitDir, outer) {
+				return nil
+			}
+			return fmt.Errorf("the repository at %s lies inside the working tree of the repository at %s, where a sandbox working below %s could have made it; run corral from %s or pin REF to a full commit id", r.top, d, d, d)
+		}
+		if filepath.Dir(d) == d {
+			return nil
+		}
+	}
+}
+
+// within reports whether p is dir or below it, symbolic links resolved.
+func within(p, dir string) bool {
+	rp, err1 := filepath.EvalSymlinks(p)
+	rd, err2 := filepath.EvalSymlinks(dir)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	rel, err := filepath.Rel(rd, rp)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
 // dotGit returns the git directory named by d/.git, or "" if there is none.
 func dotGit(d string) (string, error) {
 	p := filepath.Join(d, ".git")
