@@ -251,6 +251,14 @@ func (b *builder) mounts() error {
 		binds = append(binds, bind{p, false, "filesystem_policy.read_write"})
 	}
 	writable := slices.Clone(fsp.ReadWrite)
+	// A read_write path named through a symlink (/home -> var/home) is
+	// also its target: a link planted there must be refused whichever
+	// spelling a later path reaches it by.
+	for _, p := range fsp.ReadWrite {
+		if real, err := pathwalk.Resolve(walkFS{b.h.FS}, p, nil); err == nil && real != p {
+			writable = append(writable, real)
+		}
+	}
 	if b.p.IncludeWorkdir() {
 		writable = append(writable, b.c.Workdir)
 		if slices.Contains(fsp.ReadOnly, b.c.Workdir) {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -233,6 +234,26 @@ func TestResolveRefusesPlantedSymlink(t *testing.T) {
 	got, err := resolve(h.FS, "/lib", []string{"/home/ada/proj"})
 	if err != nil || got != "/usr/lib" {
 		t.Fatalf("resolve /lib = %q, %v; want /usr/lib", got, err)
+	}
+}
+
+// A read_write path named through a symlink (/data -> srv/real) is its
+// target too: a link the sandbox planted there is refused when another
+// policy path reaches it by the target's spelling.
+func TestPlantedLinkUnderAliasedReadWrite(t *testing.T) {
+	h := debianHost()
+	fs := h.FS.(fakeFS)
+	fs["/data"] = "->srv/real"
+	fs["/srv/real"], fs["/srv/real/cache"] = "", ""
+	fs["/srv/real/cache/tool"] = "->/srv/data"
+	pl := buildPlan(t, "version: 1\nfilesystem_policy: {read_write: [/data/cache], read_only: [/srv/real/cache/tool]}\n", "/home/ada/proj", "", h)
+	if m := planMount(pl, "/srv/real/cache/tool"); m != nil {
+		t.Errorf("followed a link inside a writable path: %+v", m)
+	}
+	if !slices.ContainsFunc(pl.Warnings, func(w string) bool {
+		return strings.Contains(w, "path passes through symlink /srv/real/cache/tool -> /srv/data")
+	}) {
+		t.Errorf("no warning about the refused link: %q", pl.Warnings)
 	}
 }
 
