@@ -103,7 +103,10 @@
 //	  "matching_deny_rules": []}]
 //
 // The path is decoded and normalised (l7/reqpath) and the method upper
-// case. Within each policy, candidates whose selector matches come first,
+// case. A rule's query matcher counts the values of every name a framework
+// may read as the parameter (case aside, a "[]" or "[0]" list suffix): an
+// allow rule matches when the exact name is present and all of them
+// match, a deny rule when any of them does. Within each policy, candidates whose selector matches come first,
 // then those without one, then those whose selector does not match. The
 // result is
 //

@@ -95,6 +95,56 @@ func TestRequestRules(t *testing.T) {
 	}
 }
 
+// TestQueryMatchersReadEverySpelling: a deny rule's query matcher denies
+// when any value of the parameter matches, under any name a framework may
+// read as that parameter (case aside, a "[]" or "[0]" list suffix), while
+// an allow rule still needs the exact name and every such value to match.
+// Go and OPA evaluating policy.rego must agree.
+func TestQueryMatchersReadEverySpelling(t *testing.T) {
+	p := hostPolicy(nil, restEndpoint(func(ep *policy.Endpoint) {
+		ep.Rules = []policy.L7Rule{{Allow: policy.L7Match{Method: "GET", Path: "/api/**", Query: map[string]any{"scope": "read"}}}}
+		ep.DenyRules = []policy.L7Match{{Method: "*", Path: "/api/**", Query: map[string]any{"admin": "true"}}}
+	}))
+	type q = map[string][]string
+	tests := []struct {
+		name  string
+		query q
+		rule  string // "" for a refusal no rule names
+		allow bool
+	}{
+		{"allowed", q{"scope": {"read"}}, "rules[0]", true},
+		{"denied", q{"scope": {"read"}, "admin": {"true"}}, "deny_rules[0]", false},
+		{"denied value first", q{"scope": {"read"}, "admin": {"true", "false"}}, "deny_rules[0]", false},
+		{"denied value last", q{"scope": {"read"}, "admin": {"false", "true"}}, "deny_rules[0]", false},
+		{"denied name in another case", q{"scope": {"read"}, "Admin": {"true"}}, "deny_rules[0]", false},
+		{"denied name as a list", q{"scope": {"read"}, "admin[]": {"false", "true"}}, "deny_rules[0]", false},
+		{"denied name as an indexed list", q{"scope": {"read"}, "ADMIN[0]": {"true"}}, "deny_rules[0]", false},
+		{"denied beside another spelling", q{"scope": {"read"}, "admin": {"false"}, "admin[]": {"true"}}, "deny_rules[0]", false},
+		{"other values pass", q{"scope": {"read"}, "admin": {"false", "no"}}, "rules[0]", true},
+		{"values match as written", q{"scope": {"read"}, "admin": {"TRUE"}}, "rules[0]", true},
+		{"a keyed name is another parameter", q{"scope": {"read"}, "admin[x]": {"true"}}, "rules[0]", true},
+		{"allow: every value", q{"scope": {"read", "write"}}, "", false},
+		{"allow: every spelling", q{"scope": {"read"}, "Scope": {"write"}}, "", false},
+		{"allow: every list spelling", q{"scope": {"read"}, "scope[]": {"write"}}, "", false},
+		{"allow: the exact name present", q{"Scope": {"read"}}, "", false},
+		{"allow: other spellings that match", q{"scope": {"read"}, "scope[0]": {"read"}}, "rules[0]", true},
+	}
+	ctx := context.Background()
+	conn := byName("api.example.com", 443, curl)
+	for _, eng := range []struct {
+		name  string
+		rules []byte
+	}{{"go", nil}, {"rego", append(BakedRules(), "\n# as a user's\n"...)}} {
+		e := mustNew(t, p, eng.rules)
+		for _, tt := range tests {
+			d := e.DecideHTTP(ctx, conn, req("GET", "/api/x", tt.query))
+			if d.Allow != tt.allow || d.Rule != tt.rule {
+				t.Errorf("%s: %s: %v: got %+v, want allow=%v rule=%q", eng.name, tt.name, tt.query, d, tt.allow, tt.rule)
+			}
+		}
+	}
+}
+
 func ghRules(ep *policy.Endpoint) {
 	ep.Rules = []policy.L7Rule{
 		{Allow: policy.L7Match{Method: "get", Path: "/repos/**"}},

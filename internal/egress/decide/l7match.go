@@ -2,6 +2,7 @@ package decide
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
@@ -15,10 +16,13 @@ import (
 // library behind Rego's glob.match, compiled by policy with the same
 // separators, so a rule means the same whichever side evaluates it.
 
-// matchRule: the method and path match, and every named query parameter is
-// present with every one of its values matching one of the globs, so that
-// a repeated parameter cannot smuggle a second, unchecked value.
-func matchRule(r *policy.HTTPRule, h egress.HTTPRequest) bool {
+// matchRule: the method and path match, and so does every named query
+// parameter, read so as to err on the side of refusing. For an allow rule
+// the parameter is present and every value matches one of the globs, so
+// that a repeated parameter cannot smuggle a second, unchecked value. For
+// a deny rule one value matching is enough: an upstream may act on
+// whichever value it takes (Go the first, PHP the last).
+func matchRule(r *policy.HTTPRule, h egress.HTTPRequest, deny bool) bool {
 	if r.Method != "*" && r.Method != h.Method {
 		return false
 	}
@@ -26,17 +30,51 @@ func matchRule(r *policy.HTTPRule, h egress.HTTPRequest) bool {
 		return false
 	}
 	for name, globs := range r.Query {
-		values := h.Query[name]
-		if len(values) == 0 {
-			return false
-		}
-		for _, v := range values {
-			if !matchAny(globs, v) {
+		if deny {
+			if !someValue(h.Query, name, globs, true) {
 				return false
 			}
+		} else if len(h.Query[name]) == 0 || someValue(h.Query, name, globs, false) {
+			return false
 		}
 	}
 	return true
+}
+
+// someValue reports whether some value of the parameter name matches one
+// of the globs (matching) or matches none of them (!matching). The values
+// are those of every name a framework may read as this parameter (see
+// sameParam), so a deny rule is not dodged by another spelling, and an
+// allow rule, which needs the exact name present, checks them all too.
+func someValue(query map[string][]string, name string, globs []*glob.Pattern, matching bool) bool {
+	for k, values := range query {
+		if !sameParam(k, name) {
+			continue
+		}
+		for _, v := range values {
+			if matchAny(globs, v) == matching {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sameParam reports whether a framework may read the query name k as the
+// parameter name: equal ignoring case (ASP.NET), once a list suffix is
+// dropped from each (PHP, Rails and Express's qs read "name[]" and
+// "name[0]" as name's values).
+func sameParam(k, name string) bool {
+	return strings.EqualFold(listBase(k), listBase(name))
+}
+
+// listBase is name without a trailing "[]" or "[digits]".
+func listBase(name string) string {
+	i := strings.LastIndexByte(name, '[')
+	if i < 0 || !strings.HasSuffix(name, "]") || strings.Trim(name[i+1:len(name)-1], "0123456789") != "" {
+		return name
+	}
+	return name[:i]
 }
 
 func matchAny(globs []*glob.Pattern, s string) bool {
@@ -104,17 +142,17 @@ func userRequestCandidates(cs []requestCandidate, h egress.HTTPRequest) []userru
 			Applies:   c.class != selectorMisses,
 		}
 		if t := c.e.target; t.Protocol != "" {
-			out[i].AllowRules = matchingIndexes(t.Rules, h)
-			out[i].DenyRules = matchingIndexes(t.DenyRules, h)
+			out[i].AllowRules = matchingIndexes(t.Rules, h, false)
+			out[i].DenyRules = matchingIndexes(t.DenyRules, h, true)
 		}
 	}
 	return out
 }
 
-func matchingIndexes(rules []policy.HTTPRule, h egress.HTTPRequest) []int {
+func matchingIndexes(rules []policy.HTTPRule, h egress.HTTPRequest, deny bool) []int {
 	var out []int
 	for i := range rules {
-		if matchRule(&rules[i], h) {
+		if matchRule(&rules[i], h, deny) {
 			out = append(out, i)
 		}
 	}

@@ -101,18 +101,18 @@ func l7Verdict(name string, t *policy.Target, h egress.HTTPRequest) egress.HTTPD
 		return egress.HTTPDecision{Allow: true, Policy: name}
 	}
 	audit := t.Enforcement == policy.EnforcementAudit
-	if i := firstMatch(t.DenyRules, h); i >= 0 {
+	if i := firstMatch(t.DenyRules, h, true); i >= 0 {
 		return egress.HTTPDecision{Policy: name, Rule: t.DenyRules[i].ID, Reason: egress.ReasonL7DenyRule, Audit: audit}
 	}
-	if i := firstMatch(t.Rules, h); i >= 0 {
+	if i := firstMatch(t.Rules, h, false); i >= 0 {
 		return egress.HTTPDecision{Allow: true, Policy: name, Rule: t.Rules[i].ID, Audit: audit}
 	}
 	return egress.HTTPDecision{Policy: name, Reason: egress.ReasonL7NoRule, Audit: audit}
 }
 
-func firstMatch(rules []policy.HTTPRule, h egress.HTTPRequest) int {
+func firstMatch(rules []policy.HTTPRule, h egress.HTTPRequest, deny bool) int {
 	for i := range rules {
-		if matchRule(&rules[i], h) {
+		if matchRule(&rules[i], h, deny) {
 			return i
 		}
 	}

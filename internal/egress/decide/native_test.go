@@ -123,7 +123,7 @@ func randomMatch(rng *rand.Rand) policy.L7Match {
 		Path:   pick(rng, "/repos/**", "/a/*", "**", "/x", "/api/*/items"),
 	}
 	if rng.IntN(4) == 0 {
-		m.Query = map[string]any{"q": pick[any](rng, "1*", map[string]any{"any": []any{"a", "b*"}})}
+		m.Query = map[string]any{pick(rng, "q", "q", "q[]"): pick[any](rng, "1*", map[string]any{"any": []any{"a", "b*"}})}
 	}
 	return m
 }
@@ -152,11 +152,16 @@ func randomHTTP(rng *rand.Rand) egress.HTTPRequest {
 		Method: pick(rng, "GET", "POST", "DELETE", "HEAD"),
 		Path:   pick(rng, "/repos/a/b", "/a/x", "/x", "/api/v1", "/api/v1/items", "/"),
 	}
-	switch rng.IntN(4) {
-	case 0:
-		h.Query = map[string][]string{"q": {pick(rng, "1", "12", "a", "bz", "c")}}
-	case 1:
-		h.Query = map[string][]string{"q": {"1", pick(rng, "2", "x")}}
+	// Names a framework may read as q, each with one or more values, some
+	// matching the generated matchers and some not, in either order.
+	for range rng.IntN(3) {
+		if h.Query == nil {
+			h.Query = map[string][]string{}
+		}
+		name := pick(rng, "q", "q", "Q", "q[]", "q[0]", "q[x]", "qq")
+		values := []string{"1", "12", "a", "bz", "c", "2", "x"}
+		h.Query[name] = append(h.Query[name], pick(rng, values...))
+		h.Query[name] = append(h.Query[name], some(rng, 2, values...)...)
 	}
 	return h
 }
