@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -139,17 +140,75 @@ func (h *handler) decide(req *http.Request, decider egress.HTTPDecider) (egress.
 	if decider == nil {
 		return hr, p, egress.HTTPDecision{Reason: egress.ReasonEngine, Detail: "the sandbox has no egress policy"}
 	}
+	// The request must be allowed under every reading an upstream may act
+	// on, not only as sent: servers that drop ";params" route it as the
+	// shorter path, and servers that honour a method override perform that
+	// method. The reading that does worst decides: an enforced denial, or
+	// else an audited one.
 	d := decider.DecideHTTP(req.Context(), r, hr)
-	if p.Unparameterised != p.Match && (d.Allow || d.Audit) {
-		// Servers that drop ";params" route this request as the shorter
-		// path; it must be allowed under that reading too.
-		alt := hr
-		alt.Path = p.Unparameterised
+	decided := hr
+	also := func(alt egress.HTTPRequest, why string) {
+		if !d.Allow && !d.Audit {
+			return
+		}
 		if ad := decider.DecideHTTP(req.Context(), r, alt); !ad.Allow && (!ad.Audit || d.Allow) {
-			return alt, p, ad
+			if why != "" {
+				ad.Detail = why + ": " + ad.Detail
+			}
+			d, decided = ad, alt
 		}
 	}
-	return hr, p, d
+	short := hr
+	short.Path = p.Unparameterised
+	if short.Path != hr.Path {
+		also(short, "")
+	}
+	for _, o := range methodOverrides(req, hr) {
+		why := fmt.Sprintf("%s names method %s, which servers that honour it perform instead of %s", o.from, o.method, hr.Method)
+		alt := hr
+		alt.Method = o.method
+		also(alt, why)
+		if short.Path != hr.Path {
+			alt.Path = short.Path
+			also(alt, why)
+		}
+	}
+	return decided, p, d
+}
+
+// overrideHeaders are the headers through which servers let a request
+// stand for another method (Express's method-override, Rails, Symfony,
+// Google's APIs), in canonical form so that finding none is three map
+// lookups. The _method query parameter is the other such way; a _method
+// in a form body is not read, which would mean buffering bodies.
+var overrideHeaders = [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
+// methodOverride is a method a request names besides its own, and where.
+type methodOverride struct{ method, from string }
+
+// methodOverrides returns the methods other than hr.Method that req names
+// in an override, upper case, each once (from where it is first named).
+// Servers differ on which value they take (the first header, the first
+// comma-separated token, the last parameter), so every one counts.
+func methodOverrides(req *http.Request, hr egress.HTTPRequest) []methodOverride {
+	var out []methodOverride
+	add := func(from string, values []string) {
+		for _, v := range values {
+			for tok := range strings.SplitSeq(v, ",") {
+				if m := strings.ToUpper(strings.TrimSpace(tok)); m != "" && m != hr.Method {
+					out = append(out, methodOverride{m, from})
+				}
+			}
+		}
+	}
+	for _, k := range overrideHeaders {
+		add(k, req.Header[k])
+	}
+	add("the _method parameter", hr.Query["_method"])
+	// Sorting first makes the dedup linear: a request head of 64 KiB could
+	// name thousands of methods.
+	slices.SortStableFunc(out, func(a, b methodOverride) int { return strings.Compare(a.method, b.method) })
+	return slices.CompactFunc(out, func(a, b methodOverride) bool { return a.method == b.method })
 }
 
 func hostOnly(hostport string) string {
