@@ -83,8 +83,9 @@ type HTTPRule struct {
 	// compiled form, nil for any path.
 	PathGlob string
 	Path     *glob.Pattern
-	// Query holds, per parameter, the globs one of which each value must
-	// match; QueryGlobs their sources.
+	// Query holds, per parameter, the globs a value must match (one of
+	// them): every value for an allow rule, any value for a deny rule (see
+	// decide); QueryGlobs their sources.
 	Query      map[string][]*glob.Pattern
 	QueryGlobs map[string][]string
 }
