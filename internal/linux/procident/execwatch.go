@@ -53,9 +53,10 @@ type ExecWatch struct {
 	gen    map[int32]uint32 // tgid -> execs seen
 	births map[int32]birth  // tgid -> its fork
 	// argv is an interpreter's command line as it was at exec, before the
-	// process ran any code of its own (it can rewrite the live one), and
-	// inherited by its forks, which share that memory's contents.
-	argv map[int32][]string
+	// process ran any code of its own (it can rewrite the live one and its
+	// environment), and inherited by its forks, which share that memory's
+	// contents.
+	argv map[int32]execArgs
 	// exe is the executable (device, inode) a process ran as of its latest
 	// reported exec, inherited by its forks: the kernel shows a new exe in
 	// /proc before it reports the exec, and a comparison with it catches an
@@ -123,7 +124,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32][]string{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32]execArgs{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -290,7 +291,8 @@ func (w *ExecWatch) event(m []byte) {
 	}
 }
 
-// snapshotArgv records an interpreter's command line right after its exec:
+// snapshotArgv records an interpreter's command line and what its
+// environment loads right after its exec:
 // the kernel reports the exec before the new program runs, and an
 // interpreter starts up for milliseconds before any script code could
 // rewrite its argv. Other programs have no script slot and are skipped.
@@ -301,15 +303,28 @@ func (w *ExecWatch) snapshotArgv(tgid int32) {
 		return
 	}
 	if len(w.argv) >= maxTracked {
-		w.argv, w.lost = map[int32][]string{}, true
+		w.argv, w.lost = map[int32]execArgs{}, true
 	}
-	if args, err := readArgs(int(tgid)); err == nil {
-		w.argv[tgid] = args
+	args, err := readArgs(int(tgid))
+	if err != nil {
+		return
 	}
+	loads, err := envLoads(int(tgid), exe)
+	if err != nil {
+		return
+	}
+	w.argv[tgid] = execArgs{args: args, loads: loads}
+}
+
+// execArgs is what an interpreter's exec left: its command line, and why
+// its environment makes it run code besides its script ("" if it does not).
+type execArgs struct {
+	args  []string
+	loads string
 }
 
 // argvAtExec is pid's command line as its exec left it, when known.
-func (w *ExecWatch) argvAtExec(pid int) ([]string, bool) {
+func (w *ExecWatch) argvAtExec(pid int) (execArgs, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.drain()

@@ -84,7 +84,9 @@ func TestExecWatchOrdersForkAndExec(t *testing.T) {
 }
 
 // TestExecWatchKeepsArgvFromExec: an interpreter that rewrites its own
-// command line after exec is still known by the one it was started with.
+// command line and environment after exec is still known by those it was
+// started with: here, that PYTHONPATH made it load code of the
+// workload's choosing before its script.
 func TestExecWatchKeepsArgvFromExec(t *testing.T) {
 	w, err := WatchExecs()
 	if err != nil {
@@ -102,14 +104,18 @@ func TestExecWatchKeepsArgvFromExec(t *testing.T) {
 stat = open("/proc/self/stat").read()
 f = stat[stat.rindex(")") + 2:].split()
 start, end = int(f[45]), int(f[46])
+env_start, env_end = int(f[47]), int(f[48])
 new = b"python3\0/usr/local/bin/trusted.py\0"
 with open("/proc/self/mem", "r+b", buffering=0) as m:
     m.seek(start)
     m.write(new + b"\0" * (end - start - len(new)))
+    m.seek(env_start)
+    m.write(b"\0" * (env_end - env_start))
 print("rewritten", flush=True)
 time.sleep(30)
 `
 	cmd := exec.Command(py, "-c", rewrite, strings.Repeat("x", 100))
+	cmd.Env = append(os.Environ(), "PYTHONPATH=/nonexistent/evil")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -126,8 +132,14 @@ time.sleep(30)
 	if !strings.Contains(string(live), "trusted.py") {
 		t.Fatalf("the rewrite did not show in /proc: %q", live)
 	}
-	args, ok := w.argvAtExec(cmd.Process.Pid)
-	if !ok || len(args) < 2 || args[1] != "-c" {
-		t.Fatalf("argv at exec = %q, %v; want the python3 -c command line", args, ok)
+	if env, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ"); strings.Contains(string(env), "PYTHONPATH") {
+		t.Fatalf("the rewrite did not clear the environment in /proc: %q", env)
+	}
+	at, ok := w.argvAtExec(cmd.Process.Pid)
+	if !ok || len(at.args) < 2 || at.args[1] != "-c" {
+		t.Fatalf("argv at exec = %q, %v; want the python3 -c command line", at.args, ok)
+	}
+	if !strings.Contains(at.loads, "PYTHONPATH") {
+		t.Fatalf("loads at exec = %q; want PYTHONPATH named", at.loads)
 	}
 }

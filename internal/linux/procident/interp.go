@@ -3,10 +3,13 @@
 package procident
 
 import (
+	"errors"
 	"path"
 	"regexp"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // The script an interpreter runs binds a policy (`node /usr/local/bin/claude`
@@ -52,21 +55,23 @@ var (
 		longValue:    []string{"--check-hash-based-pycs"},
 		longNoScript: []string{"--help", "--help-env", "--help-xoptions", "--help-all", "--version"},
 	}
+	// Options that run code besides the script (a module to preload, a
+	// loader, an environment file that may set NODE_OPTIONS, a debugger
+	// any process in the sandbox can attach to) leave no script to bind.
 	node = grammar{
-		noScript: "epivh",
-		value:    "rC",
+		noScript: "epivhr",
+		value:    "C",
 		longFlags: []string{"--no-warnings", "--no-deprecation", "--trace-warnings", "--trace-deprecation",
 			"--throw-deprecation", "--pending-deprecation", "--enable-source-maps", "--preserve-symlinks",
-			"--preserve-symlinks-main", "--expose-gc", "--abort-on-uncaught-exception", "--inspect",
-			"--inspect-brk", "--inspect-wait", "--experimental-vm-modules", "--experimental-strip-types",
+			"--preserve-symlinks-main", "--expose-gc", "--abort-on-uncaught-exception",
+			"--experimental-vm-modules", "--experimental-strip-types",
 			"--experimental-transform-types", "--no-experimental-strip-types", "--experimental-require-module",
 			"--no-addons", "--frozen-intrinsics", "--use-openssl-ca", "--use-bundled-ca", "--trace-uncaught",
 			"--jitless", "--no-global-search-paths", "--trace-exit", "--trace-sigint", "--zero-fill-buffers",
 			"--openssl-legacy-provider", "--report-on-fatalerror", "--report-uncaught-exception", "--watch"},
-		longValue: []string{"--require", "--import", "--loader", "--experimental-loader", "--conditions",
-			"--input-type", "--title", "--env-file", "--env-file-if-exists", "--redirect-warnings", "--icu-data-dir",
-			"--openssl-config", "--inspect-port", "--unhandled-rejections", "--max-old-space-size", "--stack-size"},
-		longNoScript: []string{"--eval", "--print", "--interactive", "--version", "--help", "--test", "--check", "--run"},
+		longValue: []string{"--conditions", "--input-type", "--title", "--redirect-warnings", "--icu-data-dir",
+			"--openssl-config", "--unhandled-rejections", "--max-old-space-size", "--stack-size"},
+		longNoScript: append([]string{"--eval", "--print", "--interactive", "--version", "--help", "--test", "--check", "--run"}, nodeLoaders...),
 		anyLongValue: true,
 	}
 	shell = grammar{
@@ -78,15 +83,16 @@ var (
 		longValue:    []string{"--rcfile", "--init-file"},
 		longNoScript: []string{"--help", "--version"},
 	}
+	// -I, -M and -m (and ruby's -I and -r) load modules besides the
+	// script, from where the workload may have put them.
 	perl = grammar{
-		noScript: "eEvhV",
-		value:    "IMm",
+		noScript: "eEvhVIMm",
 		attached: "xil0CdDF",
 		flags:    "acnpstTuUwWXSg",
 	}
 	ruby = grammar{
-		noScript:     "evh",
-		value:        "IrCE",
+		noScript:     "evhIr",
+		value:        "CE",
 		attached:     "xiWK0F",
 		flags:        "acdlnpsSwy",
 		longFlags:    []string{"--verbose", "--jit", "--yjit", "--disable-gems", "--disable-all", "--enable-all"},
@@ -94,6 +100,23 @@ var (
 		longNoScript: []string{"--version", "--help", "--dump"},
 	}
 )
+
+// nodeLoaders are node's options that run code besides the script, on its
+// command line or in NODE_OPTIONS.
+var nodeLoaders = []string{"--require", "--import", "--loader", "--experimental-loader", "--env-file",
+	"--env-file-if-exists", "--inspect", "--inspect-brk", "--inspect-wait", "--inspect-port"}
+
+// codeVars are, by interpreter, the environment variables that make it
+// load code from where they say before its script (a name ending in "_"
+// is a prefix): a library path, startup options, a shell's startup file
+// or exported functions.
+var codeVars = map[*grammar][]string{
+	&python: {"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP"},
+	&node:   {"NODE_OPTIONS"},
+	&perl:   {"PERL5OPT", "PERL5LIB", "PERLLIB"},
+	&ruby:   {"RUBYOPT", "RUBYLIB"},
+	&shell:  {"BASH_ENV", "ENV", "BASH_FUNC_"},
+}
 
 var pythonName = regexp.MustCompile(`^python[0-9]*(\.[0-9]+)?$`)
 
@@ -193,4 +216,83 @@ func (g *grammar) cluster(c string) (int, bool) {
 		}
 	}
 	return 0, true
+}
+
+// envLoads reports why the environment pid started with makes the
+// interpreter exe run code besides its script, or "". NODE_OPTIONS counts
+// only when it holds one of nodeLoaders (other options change nothing
+// about what runs).
+func envLoads(pid int, exe string) (string, error) {
+	g := grammarOf(exe)
+	if g == nil {
+		return "", nil
+	}
+	env, err := readEnv(pid)
+	if err != nil {
+		return "", err
+	}
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		for _, v := range codeVars[g] {
+			if value == "" || (name != v && !(strings.HasSuffix(v, "_") && strings.HasPrefix(name, v))) {
+				continue
+			}
+			if g != &node {
+				return "its environment sets " + name, nil
+			}
+			for _, opt := range strings.Fields(value) {
+				opt, _, _ = strings.Cut(opt, "=")
+				if slices.Contains(nodeLoaders, opt) || strings.HasPrefix(opt, "-r") {
+					return "NODE_OPTIONS holds " + opt, nil
+				}
+			}
+		}
+	}
+	return "", nil
+}
+
+// userSite reports whether python, run with args, may import code from
+// a user site directory (~/.local/lib/pythonX.Y/site-packages, where
+// usercustomize.py and .pth files run at start-up): the sandbox's home is
+// writable, so one there could be the workload's. -s, -I or
+// PYTHONNOUSERSITE turn it off; a ~/.local/lib that is not there holds
+// none. rootfd is pid's root directory.
+func userSite(pid int, exe string, args []string, rootfd int) bool {
+	if grammarOf(exe) != &python {
+		return false
+	}
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") || strings.HasPrefix(a, "--") {
+			break
+		}
+		if strings.ContainsAny(a[1:], "sI") {
+			return false
+		}
+	}
+	env, err := readEnv(pid)
+	if err != nil {
+		return true
+	}
+	home := ""
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "PYTHONNOUSERSITE":
+			if value != "" {
+				return false
+			}
+		case "HOME":
+			home = value
+		}
+	}
+	if !path.IsAbs(home) {
+		return false // python finds no user site without a home
+	}
+	fd, err := unix.Openat2(rootfd, path.Join(home, ".local/lib"), &unix.OpenHow{
+		Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return !errors.Is(err, unix.ENOENT)
+	}
+	unix.Close(fd)
+	return true
 }

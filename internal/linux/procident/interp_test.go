@@ -3,8 +3,13 @@
 package procident
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestScriptArg(t *testing.T) {
@@ -31,9 +36,14 @@ func TestScriptArg(t *testing.T) {
 		{"/usr/bin/python3.11", "--frobnicate /usr/bin/pydoc3", ""},
 		{"/usr/bin/node", "/usr/local/bin/claude -p hi", "/usr/local/bin/claude"},
 		{"/usr/bin/node", "--no-warnings --max-old-space-size=4096 /usr/local/bin/claude", "/usr/local/bin/claude"},
-		{"/usr/bin/node", "-r /usr/local/bin/claude evil.js", "evil.js"},
-		{"/usr/bin/node", "--require /usr/local/bin/claude evil.js", "evil.js"},
-		{"/usr/bin/node", "--import=/usr/local/bin/claude evil.js", "evil.js"},
+		// Code loaded besides the script leaves no script to bind.
+		{"/usr/bin/node", "-r /usr/local/bin/claude evil.js", ""},
+		{"/usr/bin/node", "--require /usr/local/bin/claude evil.js", ""},
+		{"/usr/bin/node", "--import=/usr/local/bin/claude evil.js", ""},
+		{"/usr/bin/node", "-r /tmp/evil.js /usr/local/bin/claude", ""},
+		{"/usr/bin/node", "--inspect /usr/local/bin/claude", ""},
+		{"/usr/bin/node", "--env-file=/tmp/e /usr/local/bin/claude", ""},
+		{"/usr/bin/node", "--conditions=dev /usr/local/bin/claude", "/usr/local/bin/claude"},
 		{"/usr/bin/node", "-e x /usr/local/bin/claude", ""},
 		{"/usr/bin/node", "--eval=x /usr/local/bin/claude", ""},
 		{"/usr/bin/node", "--some-new-flag /usr/local/bin/claude", ""},
@@ -46,10 +56,12 @@ func TestScriptArg(t *testing.T) {
 		{"/usr/bin/bash", "-s /usr/local/bin/tool.sh", ""},
 		{"/usr/bin/dash", "- /usr/local/bin/tool.sh", ""},
 		{"/usr/bin/perl", "-w /usr/bin/tool.pl", "/usr/bin/tool.pl"},
-		{"/usr/bin/perl", "-I /usr/bin/tool.pl evil.pl", "evil.pl"},
-		{"/usr/bin/perl", "-Ilib -l evil.pl", "evil.pl"},
+		{"/usr/bin/perl", "-I /usr/bin/tool.pl evil.pl", ""},
+		{"/usr/bin/perl", "-Mevil /usr/bin/tool.pl", ""},
+		{"/usr/bin/perl", "-Ilib -l evil.pl", ""},
 		{"/usr/bin/perl", "-le print /usr/bin/tool.pl", ""},
-		{"/usr/bin/ruby", "-r /usr/bin/tool.rb evil.rb", "evil.rb"},
+		{"/usr/bin/ruby", "-r /usr/bin/tool.rb evil.rb", ""},
+		{"/usr/bin/ruby", "-revil /usr/bin/tool.rb", ""},
 		{"/usr/bin/ruby", "-W2 tool.rb", "tool.rb"},
 		// Not an interpreter: the loader runs its argument, but what runs
 		// is the loader, and argv binds nothing.
@@ -82,4 +94,73 @@ func FuzzScriptArg(f *testing.F) {
 			t.Fatalf("script %q is not among %q", got, args)
 		}
 	})
+}
+
+// An interpreter's environment can load code before its script: envLoads
+// names what does, and only that (NODE_OPTIONS without a loader is fine).
+func TestEnvLoads(t *testing.T) {
+	for _, tc := range []struct {
+		exe, env, want string
+	}{
+		{"/usr/bin/python3", "PYTHONPATH=/tmp/w", "its environment sets PYTHONPATH"},
+		{"/usr/bin/python3", "PYTHONPATH=", ""},
+		{"/usr/bin/python3", "PYTHONUNBUFFERED=1", ""},
+		{"/usr/bin/node", "NODE_OPTIONS=--max-old-space-size=4096", ""},
+		{"/usr/bin/node", "NODE_OPTIONS=--no-warnings --require /tmp/evil.js", "NODE_OPTIONS holds --require"},
+		{"/usr/bin/node", "NODE_OPTIONS=-r/tmp/evil.js", "NODE_OPTIONS holds -r/tmp/evil.js"},
+		{"/usr/bin/node", "NODE_OPTIONS=--import=/tmp/evil.mjs", "NODE_OPTIONS holds --import"},
+		{"/usr/bin/bash", "BASH_ENV=/tmp/evil.sh", "its environment sets BASH_ENV"},
+		{"/usr/bin/bash", "BASH_FUNC_curl%%=() {  python3 -c x; }", "its environment sets BASH_FUNC_curl%%"},
+		{"/usr/bin/perl", "PERL5OPT=-Mevil", "its environment sets PERL5OPT"},
+		{"/usr/bin/ruby", "RUBYOPT=-revil", "its environment sets RUBYOPT"},
+		{"/usr/bin/curl", "PYTHONPATH=/tmp/w", ""},
+	} {
+		cmd := exec.Command("/bin/sleep", "30")
+		cmd.Env = []string{tc.env}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := envLoads(cmd.Process.Pid, tc.exe)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if err != nil || got != tc.want {
+			t.Errorf("%s with %q: %q, %v; want %q", tc.exe, tc.env, got, err, tc.want)
+		}
+	}
+}
+
+// python imports usercustomize and .pth files from a user site directory
+// in its home, which the sandbox can write; -s, -I and PYTHONNOUSERSITE
+// turn that off.
+func TestUserSite(t *testing.T) {
+	home := t.TempDir()
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	check := func(env []string, args string, want bool) {
+		t.Helper()
+		cmd := exec.Command("/bin/sleep", "30")
+		cmd.Env = env
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		if got := userSite(cmd.Process.Pid, "/usr/bin/python3", strings.Fields(args), root); got != want {
+			t.Errorf("env %q args %q: %v, want %v", env, args, got, want)
+		}
+	}
+	check([]string{"HOME=" + home}, "/usr/bin/pydoc3", false)
+	if err := os.MkdirAll(filepath.Join(home, ".local/lib/python3.11/site-packages"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	check([]string{"HOME=" + home}, "/usr/bin/pydoc3", true)
+	check([]string{"HOME=" + home, "PYTHONNOUSERSITE=1"}, "/usr/bin/pydoc3", false)
+	check([]string{"HOME=" + home}, "-s /usr/bin/pydoc3", false)
+	check([]string{"HOME=" + home}, "-uI /usr/bin/pydoc3", false)
+	check([]string{"HOME=" + home}, "-u /usr/bin/pydoc3", true)
+	if userSite(os.Getpid(), "/usr/bin/node", nil, root) {
+		t.Error("node has no user site")
+	}
 }

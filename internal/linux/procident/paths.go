@@ -33,20 +33,26 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 	proc := "/proc/" + strconv.Itoa(pid)
 	// The live command line is the process's own memory, which it can
 	// rewrite; the one recorded at exec is preferred where it exists.
-	args, ok := []string(nil), false
+	var at execArgs
+	ok := false
 	if r.Execs != nil {
-		args, ok = r.Execs.argvAtExec(pid)
+		at, ok = r.Execs.argvAtExec(pid)
 	}
 	if !ok {
 		var err error
-		if args, err = readArgs(pid); err != nil {
+		if at.args, err = readArgs(pid); err != nil {
+			return nil, err
+		}
+		if at.loads, err = envLoads(pid, exe); err != nil {
 			return nil, err
 		}
 	}
-	if len(args) <= 1 {
+	if len(at.args) <= 1 || at.loads != "" {
+		// Code the environment loads runs before the script, in the
+		// same process: the process is no longer only that script.
 		return nil, nil
 	}
-	script := scriptArg(exe, args[1:])
+	script := scriptArg(exe, at.args[1:])
 	if script == "" || len(script) > unix.PathMax {
 		return nil, nil
 	}
@@ -55,6 +61,9 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 		return nil, fmt.Errorf("procident: root of pid %d: %w", pid, err)
 	}
 	defer unix.Close(rootfd)
+	if userSite(pid, exe, at.args[1:], rootfd) {
+		return nil, nil
+	}
 
 	if !path.IsAbs(script) {
 		cwd, err := os.Readlink(proc + "/cwd")
@@ -98,6 +107,16 @@ func readArgs(pid int) ([]string, error) {
 		args = args[:maxArgs+1]
 	}
 	return args, nil
+}
+
+// readEnv reads the environment pid's exec left in its memory (which the
+// process can overwrite later: the exec watch reads it at once).
+func readEnv(pid int) ([]string, error) {
+	raw, err := readProcString("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return nil, fmt.Errorf("procident: environment of pid %d: %w", pid, err)
+	}
+	return strings.Split(strings.TrimRight(raw, "\x00"), "\x00"), nil
 }
 
 // resolveInRoot canonicalises the absolute path p inside the directory
