@@ -57,6 +57,11 @@ type ExecWatch struct {
 	// environment), and inherited by its forks, which share that memory's
 	// contents.
 	argv map[int32]execArgs
+	// preload says, for a process started with the dynamic loader told
+	// to load code of its caller's choosing, which variable did it; read
+	// as the exec is reported, because a preloaded library can clear the
+	// environment before the program's main, and inherited by forks.
+	preload map[int32]string
 	// exe is the executable (device, inode) a process ran as of its latest
 	// reported exec, inherited by its forks: the kernel shows a new exe in
 	// /proc before it reports the exec, and a comparison with it catches an
@@ -124,7 +129,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32]execArgs{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32]execArgs{}, preload: map[int32]string{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -259,6 +264,11 @@ func (w *ExecWatch) event(m []byte) {
 		} else {
 			delete(w.argv, childTgid)
 		}
+		if why, ok := w.preload[parentTgid]; ok {
+			w.preload[childTgid] = why
+		} else {
+			delete(w.preload, childTgid)
+		}
 	case procEventExec:
 		if len(d) < 8 {
 			return
@@ -269,6 +279,7 @@ func (w *ExecWatch) event(m []byte) {
 		tgid := u32(1)
 		w.gen[tgid]++
 		w.snapshotArgv(tgid)
+		w.snapshotPreload(tgid)
 		if len(w.exe) >= maxTracked {
 			w.exe, w.lost = map[int32]fileID{}, true
 		}
@@ -287,6 +298,7 @@ func (w *ExecWatch) event(m []byte) {
 		delete(w.gen, u32(1))
 		delete(w.births, u32(1))
 		delete(w.argv, u32(1))
+		delete(w.preload, u32(1))
 		delete(w.exe, u32(1))
 	}
 }
@@ -314,6 +326,31 @@ func (w *ExecWatch) snapshotArgv(tgid int32) {
 		return
 	}
 	w.argv[tgid] = execArgs{args: args, loads: loads}
+}
+
+// snapshotPreload records whether the environment a program was started
+// with has the dynamic loader load code besides it.
+func (w *ExecWatch) snapshotPreload(tgid int32) {
+	delete(w.preload, tgid)
+	env, err := readEnv(int(tgid))
+	if err != nil {
+		return
+	}
+	if why := preloadVar(env); why != "" {
+		if len(w.preload) >= maxTracked {
+			w.preload, w.lost = map[int32]string{}, true
+		}
+		w.preload[tgid] = why
+	}
+}
+
+// preloadAtExec is why pid's exec environment had the loader load code
+// besides the program, or "".
+func (w *ExecWatch) preloadAtExec(pid int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	return w.preload[int32(pid)]
 }
 
 // execArgs is what an interpreter's exec left: its command line, and why

@@ -86,7 +86,7 @@ func TestExecWatchOrdersForkAndExec(t *testing.T) {
 // TestExecWatchKeepsArgvFromExec: an interpreter that rewrites its own
 // command line and environment after exec is still known by those it was
 // started with: here, that PYTHONPATH made it load code of the
-// workload's choosing before its script.
+// workload's choosing before its script, and LD_PRELOAD a library.
 func TestExecWatchKeepsArgvFromExec(t *testing.T) {
 	w, err := WatchExecs()
 	if err != nil {
@@ -115,7 +115,7 @@ print("rewritten", flush=True)
 time.sleep(30)
 `
 	cmd := exec.Command(py, "-c", rewrite, strings.Repeat("x", 100))
-	cmd.Env = append(os.Environ(), "PYTHONPATH=/nonexistent/evil")
+	cmd.Env = append(os.Environ(), "PYTHONPATH=/nonexistent/evil", "LD_PRELOAD=/nonexistent/evil.so")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -141,5 +141,8 @@ time.sleep(30)
 	}
 	if !strings.Contains(at.loads, "PYTHONPATH") {
 		t.Fatalf("loads at exec = %q; want PYTHONPATH named", at.loads)
+	}
+	if why := w.preloadAtExec(cmd.Process.Pid); !strings.Contains(why, "LD_PRELOAD") {
+		t.Fatalf("preload at exec = %q; want LD_PRELOAD named", why)
 	}
 }

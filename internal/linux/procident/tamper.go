@@ -27,19 +27,31 @@ func (r *Resolver) untrusted(pid int, exe string) (string, error) {
 	if why != "" || err != nil {
 		return why, err
 	}
-	bp, err := readProc("/proc/" + strconv.Itoa(pid) + "/environ")
-	if err != nil {
-		return "", fmt.Errorf("procident: environment of pid %d: %w", pid, err)
+	// The environment as the exec left it, where the exec watch saw it:
+	// a preloaded library may have cleared the live one since.
+	if r.Execs != nil {
+		if why := r.Execs.preloadAtExec(pid); why != "" {
+			return why, nil
+		}
 	}
-	defer putBuf(bp)
-	for _, kv := range bytes.Split(*bp, []byte{0}) {
-		for _, name := range []string{"LD_PRELOAD=", "LD_AUDIT="} {
-			if bytes.HasPrefix(kv, []byte(name)) && len(kv) > len(name) {
-				return "started with " + strings.TrimSuffix(name, "="), nil
+	env, err := readEnv(pid)
+	if err != nil {
+		return "", err
+	}
+	return preloadVar(env), nil
+}
+
+// preloadVar says which variable of env has the dynamic loader load code
+// besides the program, or "".
+func preloadVar(env []string) string {
+	for _, kv := range env {
+		for _, name := range []string{"LD_PRELOAD", "LD_AUDIT"} {
+			if v, ok := strings.CutPrefix(kv, name+"="); ok && v != "" {
+				return "started with " + name
 			}
 		}
 	}
-	return "", nil
+	return ""
 }
 
 // untrustedMaps looks at the executable mappings of pid.
