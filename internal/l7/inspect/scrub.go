@@ -41,7 +41,7 @@ func (h *handler) scrubResponse(resp *http.Response) error {
 		if !ok {
 			return unscrubbable{errors.New("the upgraded connection cannot be relayed")}
 		}
-		resp.Body = &wsScrubber{ReadWriteCloser: conn, r: bufio.NewReader(conn), set: set,
+		resp.Body = &wsScrubber{ReadWriteCloser: conn, r: bufio.NewReader(conn), set: set, msg: set.Stream(),
 			onErr: func(err error) {
 				h.in.log().Warn("WebSocket from a host a masked secret is scoped to closed", "target", h.t.Request.Target(), "err", err)
 			}}
@@ -98,9 +98,14 @@ func (t scrubTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // WebSocket frames from a scoped host (RFC 6455 section 5.2). Payloads are
 // scrubbed in place: a surrogate's every form is as long as the real
-// value's, so frame lengths stay. A value split across the fragments of a
-// message is caught by holding fragments back until the scrubber has
-// seen past the split; each message ends the scrubber's look-ahead.
+// value's, so frame lengths stay. A message's payloads go through one
+// secrets.Stream, so a value split across its fragments is caught; a
+// fragment is sent whole once the stream has passed on all of it, which
+// depends only on the sizes and gaps of what came after it, never on the
+// real values. Holding a fragment back while its tail could begin a real
+// value, as was done before, told a host that echoes chosen text as
+// fragments, by which echoes never came, whether that text was a prefix of
+// the value. The end of each message (FIN) releases what is held.
 const (
 	// maxFrame bounds what one frame (or a message's held-back
 	// fragments) may take in memory; a larger one closes the connection.
@@ -121,11 +126,11 @@ type wsScrubber struct {
 	// ready is scrubbed and may go to the client.
 	ready []byte
 	// held are the data frames of the current message not yet sent:
-	// scrubbed is the scrubbed start of their payloads, raw the rest,
-	// still to be scrubbed once more of the message is in.
-	held     []wsFrame
-	scrubbed []byte
-	raw      []byte
+	// out is the start of their payloads that msg has passed on, the
+	// rest is in msg.
+	held []wsFrame
+	out  []byte
+	msg  *secrets.Stream
 	// frag: a message's first fragment has come and its last not yet.
 	frag bool
 	err  error
@@ -168,31 +173,30 @@ func (w *wsScrubber) next() error {
 		if op == opClose && w.frag {
 			return errors.New("the server closed inside a fragmented message")
 		}
-		out, _ := w.set.Scrub(nil, payload, true)
-		w.ready = append(append(w.ready, head...), out...)
+		w.ready = w.set.Scrub(append(w.ready, head...), payload)
 		return nil
 	}
 	if (op == opContinuation) != w.frag {
 		return fmt.Errorf("frame opcode %d out of sequence", op)
 	}
 	w.frag = !fin
-	if len(w.scrubbed)+len(w.raw)+len(payload) > maxFrame {
+	if len(w.out)+w.msg.Held()+len(payload) > maxFrame {
 		return fmt.Errorf("a fragmented message larger than %d MiB cannot be scrubbed", maxFrame>>20)
 	}
 	w.held = append(w.held, wsFrame{head: head, n: len(payload)})
-	w.raw = append(w.raw, payload...)
-	var used int
-	w.scrubbed, used = w.set.Scrub(w.scrubbed, w.raw, fin)
-	w.raw = append(w.raw[:0], w.raw[used:]...)
-	// Send every frame whose payload is scrubbed through.
-	for len(w.held) > 0 && w.held[0].n <= len(w.scrubbed) {
+	w.out = w.msg.Next(w.out, payload)
+	if fin {
+		w.out = w.msg.End(w.out)
+	}
+	// Send every frame the stream has passed on all of.
+	for len(w.held) > 0 && w.held[0].n <= len(w.out) {
 		f := w.held[0]
-		w.ready = append(append(w.ready, f.head...), w.scrubbed[:f.n]...)
-		w.scrubbed = w.scrubbed[f.n:]
+		w.ready = append(append(w.ready, f.head...), w.out[:f.n]...)
+		w.out = w.out[f.n:]
 		w.held = w.held[1:]
 	}
 	if len(w.held) == 0 {
-		w.scrubbed, w.raw = nil, nil
+		w.out = nil
 	}
 	return nil
 }

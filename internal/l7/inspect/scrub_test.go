@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -141,25 +142,37 @@ func echo(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
 	case "/ws", "/ws-ext":
 		serveEchoWS(w, r, tok)
+	case "/ws-probe":
+		serveProbeWS(w, r)
 	}
+}
+
+// upgradeWS hijacks r's connection and accepts the WebSocket, with
+// extension ext if not "".
+func upgradeWS(w http.ResponseWriter, r *http.Request, ext string) (net.Conn, *bufio.ReadWriter) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, nil
+	}
+	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n%s\r\n",
+		base64.StdEncoding.EncodeToString(sum[:]), ext)
+	return conn, brw
 }
 
 // serveEchoWS accepts a WebSocket and sends the token back: split across
 // the fragments of one text message, whole in a binary message as hex, in
 // a ping and in the close reason.
 func serveEchoWS(w http.ResponseWriter, r *http.Request, tok string) {
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
 	ext := ""
 	if r.URL.Path == "/ws-ext" {
 		ext = "Sec-WebSocket-Extensions: permessage-deflate\r\n"
 	}
-	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n%s\r\n",
-		base64.StdEncoding.EncodeToString(sum[:]), ext)
+	conn, brw := upgradeWS(w, r, ext)
+	if conn == nil {
+		return
+	}
+	defer conn.Close()
 	msg := "token=" + tok
 	half := len(msg) - len(tok)/2
 	brw.Write(wsFrameBytes(false, 0x1, msg[:half-3]))
@@ -169,6 +182,25 @@ func serveEchoWS(w http.ResponseWriter, r *http.Request, tok string) {
 	brw.Write(wsFrameBytes(true, 0x2, hex.EncodeToString([]byte(tok))))
 	brw.Write(wsFrameBytes(true, 0x1, strings.Repeat("x", 70000)+tok))
 	brw.Write(wsFrameBytes(true, 0x8, "\x03\xe8"+tok))
+	brw.Flush()
+}
+
+// serveProbeWS reflects text the client chose: each "f" query value as a
+// fragment of one text message, then a ping, then the message's last
+// fragment.
+func serveProbeWS(w http.ResponseWriter, r *http.Request) {
+	conn, brw := upgradeWS(w, r, "")
+	if conn == nil {
+		return
+	}
+	defer conn.Close()
+	op := byte(0x1)
+	for _, f := range r.URL.Query()["f"] {
+		brw.Write(wsFrameBytes(false, op, f))
+		op = 0x0
+	}
+	brw.Write(wsFrameBytes(true, 0x9, "mark"))
+	brw.Write(wsFrameBytes(true, 0x0, ">"))
 	brw.Flush()
 }
 
@@ -362,6 +394,72 @@ func TestWebSocketFromScopedHostScrubbed(t *testing.T) {
 		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Authorization: Bearer "+sur)
 	if r.StatusCode != http.StatusBadGateway || !strings.Contains(r.body, "response_not_scrubbable") {
 		t.Errorf("a WebSocket with an extension that was not offered: %d %q, want 502", r.StatusCode, r.body)
+	}
+}
+
+// A host that echoes chosen text as WebSocket fragments must not tell the
+// workload whether that text begins a real value: which fragments come
+// before a control frame sent after them is the same for every prefix of
+// the value (raw, hex, base64) as for a twin of it that begins none.
+// (Withholding exactly the fragments whose tail could begin a value told
+// the two apart.)
+func TestWebSocketReleaseIgnoresValues(t *testing.T) {
+	h, _, sur := echoHarness(t)
+	// probe has the upstream send pieces as fragments of one message,
+	// a ping, then the last fragment, ">"; it returns the frames that
+	// came, described, and the message.
+	probe := func(pieces ...string) (frames, msg string) {
+		conn := h.dialRaw(t)
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET /ws-probe?%s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"+
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", url.Values{"f": pieces}.Encode(), apiHost)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %v %v", resp, err)
+		}
+		stream, _ := io.ReadAll(br)
+		var desc, data strings.Builder
+		for len(stream) >= 2 {
+			n := min(len(stream)-2, int(stream[1]&0x7f)) // the probes are short
+			fmt.Fprintf(&desc, "op=%d fin=%d %d bytes; ", stream[0]&0x0f, stream[0]>>7, n)
+			if stream[0]&0x0f < 0x8 {
+				data.Write(stream[2 : 2+n])
+			}
+			stream = stream[2+n:]
+		}
+		return desc.String(), data.String()
+	}
+	forms := map[string]string{
+		"raw":    echoReal,
+		"hex":    hex.EncodeToString([]byte(echoReal)),
+		"base64": base64.RawURLEncoding.EncodeToString([]byte("x:" + echoReal)),
+	}
+	for name, form := range forms {
+		for k := 2; k < len(form); k += 3 {
+			// "<" and the first byte, the rest but the last, the
+			// last: as the red team's client sent its guesses.
+			text := "<" + form[:k]
+			last := byte('1')
+			if text[k] == last {
+				last = '0'
+			}
+			other := text[:k] + string(last)
+			got, _ := probe(text[:2], text[2:k], text[k:])
+			if want, _ := probe(other[:2], other[2:k], other[k:]); got != want {
+				t.Errorf("%s, %d bytes: the frames differ\nbeginning the value: %s\nnot beginning it:    %s", name, k, got, want)
+			}
+		}
+	}
+	// The whole value, split across fragments, still comes back as the
+	// surrogate.
+	if _, msg := probe("<", echoReal[:9], echoReal[9:]); msg != "<"+sur+">" {
+		t.Errorf("the message with the real value split in it came back as %q", msg)
+	}
+	// A fragment that ends in a line break, which no value holds, is not
+	// held back for the next.
+	if got, _ := probe("first\n", "second\n"); !strings.HasPrefix(got, "op=1 fin=0 6 bytes; op=0 fin=0 7 bytes; op=9 ") {
+		t.Errorf("fragments ending in a line break came as %s", got)
 	}
 }
 

@@ -27,6 +27,9 @@ type form interface {
 	write(b []byte, s string, i, n int) []byte
 	// starts lists the bytes a match can begin with.
 	starts() []byte
+	// reach bounds how far match looks: with at least reach bytes of s
+	// from i on, its answer is final (more is false).
+	reach() int
 }
 
 // scrubber applies every form of every secret in one left-to-right pass.
@@ -40,7 +43,17 @@ type scrubber struct {
 	// leadForms are all forms with a lead character, any of which the
 	// last byte of unfinished text may be.
 	leadForms []int
+	// hold is how many bytes at the end of unfinished text must wait
+	// for what follows: one less than the longest reach of any form, so
+	// that a match beginning before them is decided with all the text
+	// it could span.
+	hold int
 }
+
+// gap reports whether c can be in no form of any value: checkValue
+// refuses values with control characters or spaces, and no encoding the
+// scrubber knows writes one. A match never spans a gap.
+func gap(c byte) bool { return c <= ' ' || c == 0x7f }
 
 func newScrubber(entries []*entry) *scrubber {
 	sc := &scrubber{}
@@ -54,6 +67,7 @@ func newScrubber(entries []*entry) *scrubber {
 		}
 	}
 	for i, f := range sc.forms {
+		sc.hold = max(sc.hold, f.reach()-1)
 		seen := [256]bool{}
 		for _, c := range f.starts() {
 			if !seen[c] {
@@ -69,11 +83,14 @@ func newScrubber(entries []*entry) *scrubber {
 	return sc
 }
 
-// scrub appends s with every real value replaced to dst. Unless final,
-// it stops before the first place where a match could continue past the
-// end of s, and returns how many bytes of s it consumed: the rest must be
-// offered again with what follows.
-func (sc *scrubber) scrub(dst []byte, s string, final bool) ([]byte, int) {
+// scrub appends s with every real value replaced to dst and returns how
+// many bytes of s it consumed; the output is exactly that long. A match
+// that begins in s[:settled] is decided there: the caller vouches that
+// none can run past the end of s (hold bytes or a gap come after it).
+// From settled on, it stops before the first place where a match could
+// continue past the end of s, and the rest must be offered again with
+// what follows. settled == len(s) scrubs s to its end.
+func (sc *scrubber) scrub(dst []byte, s string, settled int) ([]byte, int) {
 	if sc == nil || len(sc.forms) == 0 {
 		return append(dst, s...), len(s)
 	}
@@ -94,10 +111,10 @@ func (sc *scrubber) scrub(dst []byte, s string, final bool) ([]byte, int) {
 		try(sc.cands[s[i]])
 		if i+1 < len(s) {
 			try(sc.leads[s[i+1]])
-		} else if !final {
+		} else if i >= settled {
 			try(sc.leadForms)
 		}
-		if more && !final {
+		if more && i >= settled {
 			return append(dst, s[pos:i]...), i
 		}
 		if best == 0 {
@@ -113,7 +130,7 @@ func (sc *scrubber) scrub(dst []byte, s string, final bool) ([]byte, int) {
 }
 
 func (sc *scrubber) replace(s string) string {
-	out, _ := sc.scrub(nil, s, true)
+	out, _ := sc.scrub(nil, s, len(s))
 	return string(out)
 }
 
@@ -123,6 +140,11 @@ func (sc *scrubber) replace(s string) string {
 type escaped struct{ real, sur string }
 
 func (f *escaped) starts() []byte { return []byte{f.real[0], '%', '\\'} }
+
+// reach: a value byte is written in at most 6 bytes (\u00XX), and the
+// unit read for the last one may look 12 bytes ahead (a \uXXXX\uXXXX
+// surrogate pair).
+func (f *escaped) reach() int { return 6*(len(f.real)-1) + 12 }
 
 func (f *escaped) match(s string, i int) (int, bool) {
 	p, more := i, false
@@ -268,6 +290,8 @@ func (f *hexForm) starts() []byte {
 	return []byte{f.real[0], upper(f.real[0])}
 }
 
+func (f *hexForm) reach() int { return len(f.real) }
+
 func (f *hexForm) match(s string, i int) (int, bool) {
 	rest := s[i:]
 	if len(rest) < len(f.real) {
@@ -344,6 +368,9 @@ func newB64Form(enc *base64.Encoding, a int, real, sur string) *b64Form {
 // starts leaves out the lead: the scrubber finds those by the core's
 // first character one byte on.
 func (f *b64Form) starts() []byte { return []byte{f.core[0]} }
+
+// reach covers the lead, the core and the trail.
+func (f *b64Form) reach() int { return len(f.core) + 2 }
 
 func (f *b64Form) match(s string, i int) (int, bool) {
 	n, more := 0, false

@@ -117,7 +117,7 @@ func TestUpdateGateway(t *testing.T) {
 			if got := set.Redact("x " + v); strings.Contains(got, v) {
 				t.Errorf("Redact left a value: %q", got)
 			}
-			body, _ := set.Scrub(nil, []byte(`{"token":"`+v+`"}`), true)
+			body := set.Scrub(nil, []byte(`{"token":"`+v+`"}`))
 			if want := `{"token":"` + sur + `"}`; string(body) != want {
 				t.Errorf("Scrub = %s, want %s", body, want)
 			}
