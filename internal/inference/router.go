@@ -35,7 +35,7 @@ const MaxBodyBytes = 10 << 20
 // be translated.
 const maxTranslatedResponse = 64 << 20
 
-// maxErrorBody bounds a backend error body, read whole to scrub the key.
+// maxErrorBody bounds a backend error body, which is read whole.
 const maxErrorBody = 1 << 20
 
 // maxUsageScan bounds how much of a passed-through JSON answer is kept to
@@ -54,6 +54,32 @@ type Options struct {
 	// package.
 	Getenv   func(string) string
 	ReadFile func(string) ([]byte, error)
+	// Mask makes the Masker of a route's key. The supervisor passes
+	// keymask.New, which uses the masked-secrets scrubber; this package
+	// cannot import it (the policy it builds on imports this package).
+	// nil passes answers on as the backend sent them, for tests and
+	// benchmarks that hold no key worth protecting.
+	Mask func(key string) (Masker, error)
+}
+
+// Masker keeps a route's key out of everything the router answers. A
+// backend may reflect the credential it received (a debugging proxy, an
+// error page quoting the request's headers) in any header or body, in any
+// status, streamed or not, encoded or compressed; the workload must get a
+// surrogate there instead, as it does for masked secrets.
+type Masker interface {
+	// ScrubHeader replaces the key in names and values of h.
+	ScrubHeader(h http.Header)
+	// Scrub appends data to dst with the key replaced, taking data as
+	// whole: nothing follows it. The output is exactly as long as data.
+	Scrub(dst, data []byte) []byte
+	// ScrubBody scrubs a body read in pieces of any size.
+	ScrubBody(body io.ReadCloser) io.ReadCloser
+	// DecodeResponse undoes resp's content coding so its body can be
+	// scrubbed, or says why it cannot.
+	DecodeResponse(resp *http.Response) error
+	// Redact removes the key from text bound for the audit log.
+	Redact(text string) string
 }
 
 // Record describes one request for the audit log. It never holds the key.
@@ -82,7 +108,9 @@ type Router struct {
 
 type route struct {
 	Route
-	key       string
+	key string
+	// mask is nil for a route without a key (or without Options.Mask).
+	mask      Masker
 	authName  string
 	base      *url.URL
 	protos    map[string]bool
@@ -170,6 +198,13 @@ func (r *Router) buildRoute(c Route) (*route, error) {
 			return nil, fmt.Errorf("api_key from %s contains a line break", c.APIKey)
 		}
 		rt.key = key
+		if r.opts.Mask != nil {
+			m, err := r.opts.Mask(key)
+			if err != nil {
+				return nil, fmt.Errorf("api_key from %s cannot be kept out of the backend's answers (%w); a backend that checks no key needs no api_key", c.APIKey, err)
+			}
+			rt.mask = m
+		}
 	}
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.CA != "" {
@@ -306,6 +341,8 @@ func pick(routes []*route, protocol, model string) (*route, string, *httpError) 
 }
 
 // recorder counts what reaches the client and when its first byte left.
+// Once a route is picked it is also where the route's key is scrubbed
+// from everything the client gets, whichever path wrote it.
 type recorder struct {
 	http.ResponseWriter
 	start  time.Time
@@ -313,21 +350,36 @@ type recorder struct {
 	n      int64
 	ttfb   time.Duration
 	rc     *http.ResponseController
+	mask   Masker
+	// scrubbed is reused from write to write.
+	scrubbed []byte
 }
 
 func (w *recorder) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+		if w.mask != nil {
+			w.mask.ScrubHeader(w.Header())
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// Write scrubs p as a whole. Every write is a unit the key cannot continue
+// past: a whole body, one event of a stream, or a piece of a body that
+// Masker.ScrubBody has already scrubbed as a stream. Scrubbing each event
+// on its own is what lets an event stream flow event by event.
 func (w *recorder) Write(p []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	if w.ttfb == 0 && len(p) > 0 {
 		w.ttfb = time.Since(w.start)
+	}
+	if w.mask != nil {
+		// As long as p, so the count returned stays right.
+		w.scrubbed = w.mask.Scrub(w.scrubbed[:0], p)
+		p = w.scrubbed
 	}
 	n, err := w.ResponseWriter.Write(p)
 	w.n += int64(n)
@@ -358,20 +410,21 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	rw := &recorder{ResponseWriter: w, start: start}
 	rw.rc = http.NewResponseController(w)
 	rec := Record{Protocol: Detect(req.Method, req.URL.Path)}
-	var key string
 	defer func() {
 		rec.Status = rw.status
 		rec.Duration = time.Since(start)
 		rec.TTFB = rw.ttfb
 		rec.BytesOut = rw.n
-		rec.Err = redact(rec.Err, key)
+		if rw.mask != nil {
+			rec.Err = rw.mask.Redact(rec.Err)
+		}
 		if r.opts.OnRequest != nil {
 			r.opts.OnRequest(req.Context(), rec)
 		}
 	}()
 	fail := func(e *httpError) {
 		rec.Err = e.msg
-		writeError(rw, e.status, e.typ, redact(e.msg, key))
+		writeError(rw, e.status, e.typ, e.msg)
 	}
 	if rec.Protocol == "" {
 		fail(&httpError{http.StatusForbidden, "forbidden", fmt.Sprintf(
@@ -414,7 +467,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	rec.Route = rt.Name
-	key = rt.key
+	rw.mask = rt.mask
 	r.forward(rw, req, rt, how, body, spans, &rec, fail)
 }
 
@@ -473,6 +526,16 @@ func (r *Router) forward(rw *recorder, req *http.Request, rt *route, how string,
 		}
 		return
 	}
+	if rt.mask != nil {
+		// Compressed, the key would pass the scrubber unseen. The
+		// transport undoes only the gzip it asked for; a backend may
+		// send another coding unasked.
+		if err := rt.mask.DecodeResponse(resp); err != nil {
+			fail(&httpError{http.StatusBadGateway, "upstream_protocol_error",
+				fmt.Sprintf("route '%s': %v; it could hold the route's key, so it is not passed on", rt.Name, err)})
+			return
+		}
+	}
 	defer resp.Body.Close()
 
 	if resp.StatusCode >= 400 {
@@ -526,7 +589,7 @@ func (r *Router) forward(rw *recorder, req *http.Request, rt *route, how string,
 	default:
 		rw.WriteHeader(resp.StatusCode)
 		scan := strings.Contains(resp.Header.Get("Content-Type"), "json")
-		if err := copyFlushing(rw, resp.Body, scan, &u); err != nil {
+		if err := copyFlushing(rw, rt.scrubbed(resp.Body), scan, &u); err != nil {
 			rec.Err = err.Error()
 			if req.Context().Err() == nil {
 				panic(http.ErrAbortHandler)
@@ -543,7 +606,10 @@ func (r *Router) stream(clientCtx context.Context, rw *recorder, body io.Reader,
 	unflushed := false
 	for {
 		ev, err := rd.Next()
-		if len(ev.Raw) > 0 && (err == nil || tr == nil) {
+		// An event cut off by a broken stream is not passed on: it may end
+		// in a piece of the key, which no scrubber can recognise, and an
+		// event-stream client discards an unfinished event anyway.
+		if err == nil {
 			if bytes.Contains(ev.Data, []byte(`"usage"`)) {
 				u.observe(ev.Data)
 			}
@@ -628,8 +694,9 @@ func copyFlushing(rw *recorder, body io.Reader, scan bool, u *usage) error {
 }
 
 func (r *Router) backendError(rw *recorder, resp *http.Response, rt *route, how string, rec *Record) {
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	data = []byte(redact(string(data), rt.key))
+	// Scrubbed before it is cut short: a key cut in two is no longer
+	// recognisable, and its first part would get through.
+	data, _ := io.ReadAll(io.LimitReader(rt.scrubbed(resp.Body), maxErrorBody))
 	rec.Err = fmt.Sprintf("backend answered %d", resp.StatusCode)
 	if how != direct {
 		msg := translate.BackendErrorMessage(data)
@@ -660,11 +727,13 @@ func isUnreachable(err error) bool {
 	return errors.As(err, &de) || errors.As(err, &dns)
 }
 
-func redact(s, key string) string {
-	if key == "" {
-		return s
+// scrubbed is body with the route's key scrubbed as it streams, for a
+// body relayed in pieces whose boundaries could cut the key in two.
+func (rt *route) scrubbed(body io.ReadCloser) io.ReadCloser {
+	if rt.mask == nil {
+		return body
 	}
-	return strings.ReplaceAll(s, key, "[redacted]")
+	return rt.mask.ScrubBody(body)
 }
 
 func upstreamURL(base *url.URL, path, query string) string {

@@ -10,6 +10,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/inference"
+	"github.com/corral-sandbox/corral/internal/inference/keymask"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -24,7 +25,7 @@ func (e *Egress) newRouter() error {
 			e.cfg.Log.Info("inference routing is off: the routes given for the run (--inference-routes or the gateway's) list no route")
 		}
 	}
-	r, err := inference.NewRouter(routes, inference.Options{Dial: e.dialBackend, OnRequest: e.inferenceEvent})
+	r, err := inference.NewRouter(routes, inference.Options{Dial: e.dialBackend, OnRequest: e.inferenceEvent, Mask: keymask.New})
 	if err != nil {
 		return fmt.Errorf("inference routes: %w", err)
 	}
