@@ -330,7 +330,7 @@ func (b *builder) mounts() error {
 			return err
 		}
 	}
-	if err := b.secretFilesHidden(mounts); err != nil {
+	if err := b.keyFilesHidden(mounts); err != nil {
 		return err
 	}
 	// Parents before children, so /home/u/proj lands on top of /home/u.
@@ -381,20 +381,107 @@ func (b *builder) caBundle(mounts *[]plan.Mount, targets map[string]bool) error 
 	return nil
 }
 
-// secretFilesHidden refuses a masked secret whose file the sandbox could
-// read: the workload would hold the real value, not the surrogate.
-func (b *builder) secretFilesHidden(mounts []plan.Mount) error {
-	for _, name := range slices.Sorted(maps.Keys(b.p.Secrets)) {
-		file := b.p.Secrets[name].FromFile
-		if file == "" {
-			continue
+// keyFilesHidden refuses a masked secret's or an inference route key's
+// from_file that the sandbox could read: the workload would hold the real
+// value, not the surrogate, and corral would be promising otherwise.
+func (b *builder) keyFilesHidden(mounts []plan.Mount) error {
+	files := map[string]string{} // policy field → from_file
+	for name, sec := range b.p.Secrets {
+		if sec.FromFile != "" {
+			files[fmt.Sprintf("secrets.%s.from_file", name)] = sec.FromFile
 		}
-		for _, m := range mounts {
-			if m.Kind == plan.KindBind && (under(file, []string{m.Target}) || under(file, []string{m.Source})) {
-				return fmt.Errorf("secrets.%s.from_file %s is inside %s, which the sandbox mounts (%s): the workload could read the real value; keep the file outside every path the policy exposes",
-					name, file, m.Target, m.Why)
+	}
+	if b.p.Inference != nil {
+		for i, r := range b.p.Inference.Routes {
+			if r.APIKey.FromFile != "" {
+				files[fmt.Sprintf("inference.routes[%d].api_key.from_file (route %q)", i, r.Name)] = r.APIKey.FromFile
 			}
 		}
+	}
+	if len(files) == 0 {
+		return nil
+	}
+	var binds []hostTree
+	for _, m := range mounts {
+		if m.Kind != plan.KindBind {
+			continue
+		}
+		t := hostTree{Mount: m, src: m.Source}
+		// corral's own sources (scratch, the CA directory) are not
+		// resolved yet; policy paths are.
+		if resolved, err := resolve(b.h.FS, m.Source, nil); err == nil {
+			t.src = resolved
+		}
+		if fi, err := b.h.FS.Lstat(t.src); err == nil {
+			t.fi = &fi
+		}
+		binds = append(binds, t)
+	}
+	for _, field := range slices.Sorted(maps.Keys(files)) {
+		if err := b.keyFileHidden(files[field], binds); err != nil {
+			return fmt.Errorf("%s %s %w; keep the file outside every path the policy exposes", field, files[field], err)
+		}
+	}
+	return nil
+}
+
+// hostTree is a bind mount with its source resolved and, where it could
+// be read, its device and inode.
+type hostTree struct {
+	plan.Mount
+	src string
+	fi  *FileInfo
+}
+
+// keyFileHidden says how the sandbox could read file, or nil. Comparing
+// the path as written is not enough: a symlink (/home → /var/home, a link
+// into the project) or another bind mount on the host reaches a mounted
+// tree by another name, and so does a hard link. A path that cannot be
+// resolved (not there yet, or a pipe a password manager hands over as
+// /dev/fd/N) keeps the check of its written form: the sandbox cannot
+// reach what no path leads to.
+func (b *builder) keyFileHidden(file string, binds []hostTree) error {
+	resolved, err := resolve(b.h.FS, file, nil)
+	if err != nil {
+		resolved = file
+	}
+	for _, t := range binds {
+		for _, p := range []string{file, resolved} {
+			if under(p, []string{t.Target}) || under(p, []string{t.src}) {
+				how := "is"
+				if p != file {
+					how = "resolves to " + p + ", which is"
+				}
+				return fmt.Errorf("%s inside %s, which the sandbox mounts (%s): the workload could read the real value", how, t.Target, t.Why)
+			}
+		}
+	}
+	fi, err := b.h.FS.Lstat(resolved)
+	if err != nil {
+		return nil
+	}
+	// The file, or a directory above it, may be a mounted tree reached
+	// by another path: the same device and inode under another name.
+	for d := resolved; ; d = filepath.Dir(d) {
+		di, err := b.h.FS.Lstat(d)
+		if err != nil {
+			break
+		}
+		for _, t := range binds {
+			if t.fi != nil && t.fi.Dev == di.Dev && t.fi.Ino == di.Ino {
+				return fmt.Errorf("is reached through %s, which has the device and inode of %s (a bind mount or hard link on the host), mounted in the sandbox at %s (%s): the workload could read the real value", d, t.src, t.Target, t.Why)
+			}
+		}
+		if d == "/" {
+			break
+		}
+	}
+	// Another name of the file could sit in any mounted tree, and finding
+	// it would mean searching them all. A warning would scroll past
+	// while the workload reads the value, and a credential is rarely
+	// hard-linked on purpose, so the run is refused; a copy is the cure.
+	if fi.Type == TypeFile && fi.Nlink > 1 {
+		return fmt.Errorf("has %d hard links, and corral cannot tell whether one lies inside a path the sandbox mounts, where the workload could read the real value: give the value a file of its own (cp %s NEW, then name NEW)", fi.Nlink, resolved)
 	}
 	return nil
 }

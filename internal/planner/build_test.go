@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -20,18 +21,22 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 // fakeFS is a host filesystem described by paths: a trailing "/" marks a
-// directory, "->" a symlink.
+// directory, "->" a symlink. Every path is a file of its own (its inode a
+// hash of the path) with one link, unless "ino=N" or "links=N" say
+// otherwise.
 type fakeFS map[string]string
 
 func (f fakeFS) Lstat(p string) (FileInfo, error) {
+	h := fnv.New64a()
+	h.Write([]byte(p))
 	if p == "/" {
-		return FileInfo{Type: TypeDir, Perm: 0o755}, nil
+		return FileInfo{Type: TypeDir, Perm: 0o755, Dev: 1, Ino: h.Sum64(), Nlink: 1}, nil
 	}
 	v, ok := f[p]
 	if !ok {
 		return FileInfo{}, &fs.PathError{Op: "lstat", Path: p, Err: fs.ErrNotExist}
 	}
-	fi := FileInfo{Type: TypeDir, Perm: 0o755}
+	fi := FileInfo{Type: TypeDir, Perm: 0o755, Dev: 1, Ino: h.Sum64(), Nlink: 1}
 	if t, ok := strings.CutPrefix(v, "->"); ok && t != "" {
 		fi.Type = TypeSymlink
 	}
@@ -49,6 +54,12 @@ func (f fakeFS) Lstat(p string) (FileInfo, error) {
 		if m, ok := strings.CutPrefix(field, "mode="); ok {
 			n, _ := strconv.ParseUint(m, 8, 32)
 			fi.Perm = fs.FileMode(n)
+		}
+		if n, ok := strings.CutPrefix(field, "ino="); ok {
+			fi.Ino, _ = strconv.ParseUint(n, 10, 64)
+		}
+		if n, ok := strings.CutPrefix(field, "links="); ok {
+			fi.Nlink, _ = strconv.ParseUint(n, 10, 64)
 		}
 	}
 	return fi, nil
@@ -205,6 +216,31 @@ func TestBuildErrors(t *testing.T) {
 			"/home/ada/proj", "the workload could read the real value", nil},
 		{"secret file in the workdir", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /home/ada/proj/.token, hosts: [api.example.com]}\n",
 			"/home/ada/proj", "inside /home/ada/proj", nil},
+		{"secret file through a symlink", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/vault/gh, hosts: [api.example.com]}\n",
+			"/home/ada/proj", "secrets.T.from_file /srv/vault/gh resolves to /home/ada/proj/.secrets/gh, which is inside /home/ada/proj, which the sandbox mounts (workdir)",
+			func(h *Host) {
+				h.FS.(fakeFS)["/srv/vault"] = "->/home/ada/proj/.secrets"
+				h.FS.(fakeFS)["/home/ada/proj/.secrets"] = "owner=1000:1000"
+				h.FS.(fakeFS)["/home/ada/proj/.secrets/gh"] = "file owner=1000:1000"
+			}},
+		{"secret file through a host bind mount", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/alias/.token, hosts: [api.example.com]}\n",
+			"/home/ada/proj", "is reached through /srv/alias, which has the device and inode of /home/ada/proj",
+			func(h *Host) {
+				h.FS.(fakeFS)["/srv/alias"] = "owner=1000:1000 ino=77"
+				h.FS.(fakeFS)["/srv/alias/.token"] = "file owner=1000:1000"
+				h.FS.(fakeFS)["/home/ada/proj"] = "owner=1000:1000 ino=77"
+			}},
+		{"secret file hard-linked", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/token, hosts: [api.example.com]}\n",
+			"/home/ada/proj", "secrets.T.from_file /srv/token has 2 hard links", func(h *Host) { h.FS.(fakeFS)["/srv/token"] = "file links=2" }},
+		{"inference key file in the workdir", "version: 1\nnetwork: {mode: proxy}\ninference:\n  routes:\n    - {name: hosted, base_url: https://api.openai.com/v1, protocols: [openai_chat_completions], api_key: {from_file: /home/ada/proj/.key}}\n",
+			"/home/ada/proj", `inference.routes[0].api_key.from_file (route "hosted") /home/ada/proj/.key is inside /home/ada/proj, which the sandbox mounts (workdir): the workload could read the real value`, nil},
+		{"inference key file through a symlink", "version: 1\nnetwork: {mode: proxy}\ninference:\n  routes:\n    - {name: hosted, base_url: https://api.openai.com/v1, protocols: [openai_chat_completions], api_key: {from_file: /srv/vault/openai}}\n",
+			"/home/ada/proj", "resolves to /home/ada/proj/.secrets/openai, which is inside /home/ada/proj",
+			func(h *Host) {
+				h.FS.(fakeFS)["/srv/vault"] = "->/home/ada/proj/.secrets"
+				h.FS.(fakeFS)["/home/ada/proj/.secrets"] = "owner=1000:1000"
+				h.FS.(fakeFS)["/home/ada/proj/.secrets/openai"] = "file owner=1000:1000"
+			}},
 		{"policy path holds the CA directory", "version: 1\nfilesystem_policy: {read_only: [/run]}\nnetwork: {mode: proxy}\n", "/home/ada/proj",
 			"would hold corral's CA directory /run/corral", func(h *Host) { h.FS.(fakeFS)["/run"] = "" }},
 	}
@@ -291,5 +327,23 @@ func TestRefusesPathsReachingCorralState(t *testing.T) {
 				t.Fatalf("err = %v, want it to say %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestKeyFilesOutsideMountsAllowed: a key file no mounted tree reaches,
+// under its own name or another, starts the sandbox; so does one no path
+// leads to (a pipe handed over as /dev/fd/N), which the sandbox cannot
+// reach either.
+func TestKeyFilesOutsideMountsAllowed(t *testing.T) {
+	p := testPolicy(t, "version: 1\nnetwork: {mode: proxy}\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\n"+
+		"secrets:\n  T: {from_file: /srv/keys/gh, hosts: [api.example.com]}\n  P: {from_file: /dev/fd/63, hosts: [api.example.com]}\n"+
+		"inference:\n  routes:\n    - {name: hosted, base_url: https://api.openai.com/v1, protocols: [openai_chat_completions], api_key: {from_file: /srv/vault/openai}}\n")
+	h := debianHost()
+	h.FS.(fakeFS)["/srv/keys"] = "owner=0:0 mode=0700"
+	h.FS.(fakeFS)["/srv/keys/gh"] = "file owner=0:0 mode=0600"
+	h.FS.(fakeFS)["/srv/vault"] = "->keys"
+	h.FS.(fakeFS)["/srv/keys/openai"] = "file owner=0:0 mode=0600"
+	if _, err := Build(p, Context{Workdir: "/home/ada/proj", StateDir: "/s", ID: "x", Session: "s"}, h); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -55,6 +55,9 @@ type FileInfo struct {
 	UID  uint32
 	GID  uint32
 	Perm fs.FileMode
+	// Dev and Ino identify the file whatever path reaches it; Nlink
+	// counts its names (hard links).
+	Dev, Ino, Nlink uint64
 }
 
 // FileSystem is the read-only view of the host's files used by Build.
@@ -140,6 +143,8 @@ func (osFS) Lstat(path string) (FileInfo, error) {
 	}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 		fi.UID, fi.GID = sys.Uid, sys.Gid
+		// Their widths differ between architectures.
+		fi.Dev, fi.Ino, fi.Nlink = uint64(sys.Dev), uint64(sys.Ino), uint64(sys.Nlink)
 	}
 	return fi, nil
 }
