@@ -28,14 +28,9 @@ func New(key string) (inference.Masker, error) {
 	return mask{set}, nil
 }
 
+// mask's Scrub is the set's, which scrubs text as a whole: the router
+// scrubs only units (a body, an event) that no value continues past.
 type mask struct{ *secrets.Set }
-
-// Scrub scrubs data as a whole: the router scrubs only units (a body, an
-// event) that no value continues past.
-func (m mask) Scrub(dst, data []byte) []byte {
-	out, _ := m.Set.Scrub(dst, data, true)
-	return out
-}
 
 // DecodeResponse is the one the inspector uses for a scoped host's
 // responses: gzip and deflate are undone, any other coding is an error.
