@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"compress/flate"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/testutil/keyecho"
 )
 
 // A model backend that reflects the credential it received (a debugging
@@ -24,7 +23,7 @@ const inferenceEchoKey = "sk-operator-ECHO0123456789abcdefXYZ"
 
 const inferenceEchoScript = `#!/bin/bash
 cd "$W" || exit 99
-for mode in ok-body ok-header ok-split sse err-header err-b64 err-json err-deflate err-br err-cut; do
+for mode in ok-body ok-header ok-split sse err-header err-b64 err-json err-hex err-deflate err-br err-cut; do
   echo "=== $mode"
   curl -sS --max-time 20 -D head -o body --compressed -H 'Content-Type: application/json' \
     -d '{"model":"gpt-4o","messages":[{"role":"user","content":"'$mode'"}]}' \
@@ -35,77 +34,23 @@ done
 echo "=== end"
 `
 
-// inferenceEchoBackend answers as the request's message asks.
+// inferenceEchoBackend reflects the key in the mode the request's first
+// message names.
 func inferenceEchoBackend(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{Handler: keyecho.Handler(func(r *http.Request) string {
 		var req struct {
 			Messages []struct{ Content string } `json:"messages"`
 		}
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		mode := ""
-		if len(req.Messages) > 0 {
-			mode = req.Messages[0].Content
+		body, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(body, &req)
+		if len(req.Messages) == 0 {
+			return ""
 		}
-		auth := r.Header.Get("Authorization")
-		key := strings.TrimPrefix(auth, "Bearer ")
-		ok := func(content string) {
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(map[string]any{"id": "x", "object": "chat.completion", "model": "m",
-				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant", "content": content}}}})
-		}
-		switch mode {
-		case "ok-body":
-			ok("debug: you authenticated with " + auth)
-		case "ok-header":
-			w.Header().Set("X-Debug-Auth", auth)
-			ok("hello")
-		case "ok-split":
-			// Unknown length, the key across the router's 32 KiB reads.
-			w.Header().Set("Content-Type", "text/plain")
-			w.(http.Flusher).Flush()
-			_, _ = io.WriteString(w, strings.Repeat("x", 32<<10-7)+auth+" end")
-		case "sse":
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", auth)
-			fmt.Fprint(w, "data: [DONE]\n\n")
-		case "err-header":
-			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token", token="`+key+`"`)
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprint(w, `{"error":{"message":"bad key"}}`)
-		case "err-b64":
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"message":"bad credential %s"}}`, base64.StdEncoding.EncodeToString([]byte(auth)))
-		case "err-json":
-			var b strings.Builder
-			for _, c := range key {
-				fmt.Fprintf(&b, `\u%04x`, c)
-			}
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"message":"bad key %s"}}`, b.String())
-		case "err-deflate":
-			// Go's transport leaves a coding it did not ask for alone;
-			// curl --compressed would undo it.
-			w.Header().Set("Content-Encoding", "deflate")
-			w.WriteHeader(http.StatusUnauthorized)
-			z, _ := flate.NewWriter(w, 5)
-			fmt.Fprintf(z, `{"error":{"message":"bad key %s"}}`, key)
-			_ = z.Close()
-		case "err-br":
-			// Labelled br, which corral cannot decode, so it cannot
-			// know what is inside (here, the key in plain text).
-			w.Header().Set("Content-Encoding", "br")
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"message":"bad key %s"}}`, key)
-		case "err-cut":
-			// The key straddles the 1 MiB the router keeps of an error.
-			w.WriteHeader(http.StatusInternalServerError)
-			_, _ = io.WriteString(w, strings.Repeat("x", 1<<20-20)+key)
-		}
+		return req.Messages[0].Content
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
@@ -137,7 +82,8 @@ func TestInferenceKeyEchoScrubbed(t *testing.T) {
 			"sse":         "HTTP/1.1 200|HTTP/2 200|[DONE]",
 			"err-header":  "HTTP/1.1 401|HTTP/2 401|token=\"sk-",
 			"err-b64":     "HTTP/1.1 401|HTTP/2 401|bad credential ",
-			"err-json":    "HTTP/1.1 401|HTTP/2 401|bad key ",
+			"err-json":    "HTTP/1.1 401|HTTP/2 401|Incorrect API key provided",
+			"err-hex":     "HTTP/1.1 403|HTTP/2 403|key digest input",
 			"err-deflate": "HTTP/1.1 401|HTTP/2 401|bad key sk-",
 			"err-br":      "HTTP/1.1 502|HTTP/2 502|cannot decode",
 			"err-cut":     "HTTP/1.1 500|HTTP/2 500|xxxx",

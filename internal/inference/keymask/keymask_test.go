@@ -2,7 +2,6 @@ package keymask
 
 import (
 	"bufio"
-	"compress/flate"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/inference"
+	"github.com/corral-sandbox/corral/internal/testutil/keyecho"
 )
 
 const key = "sk-operator-KEYMASK0123456789abcdefXYZ"
@@ -24,69 +24,7 @@ const key = "sk-operator-KEYMASK0123456789abcdefXYZ"
 // reflector is a backend that hands the credential it received back in
 // the way the request's X-Mode header asks.
 func reflector(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		auth := r.Header.Get("Authorization") + r.Header.Get("X-Api-Key")
-		k := strings.TrimPrefix(auth, "Bearer ")
-		ok := func(content string) {
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":%q}}]}`, content)
-		}
-		switch r.Header.Get("X-Mode") {
-		case "ok-body":
-			ok("you authenticated with " + auth)
-		case "ok-header":
-			w.Header().Set("X-Debug-Auth", auth)
-			w.Header().Set("X-Seen-"+k, "1")
-			ok("hello")
-		case "ok-split":
-			// The key straddles the router's 32 KiB reads of a body
-			// whose length it does not know.
-			w.Header().Set("Content-Type", "text/plain")
-			w.(http.Flusher).Flush()
-			_, _ = io.WriteString(w, strings.Repeat("x", 32<<10-7)+auth+" end")
-		case "sse":
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", auth)
-			fmt.Fprint(w, "data: [DONE]\n\n")
-		case "err-header":
-			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token", token="`+k+`"`)
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprint(w, `{"error":{"message":"bad key"}}`)
-		case "err-b64":
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"message":"bad credential %s %s"}}`, base64.StdEncoding.EncodeToString([]byte(auth)), base64.RawURLEncoding.EncodeToString([]byte("u:"+k)))
-		case "err-json":
-			var b strings.Builder
-			for _, c := range k {
-				fmt.Fprintf(&b, `\u%04x`, c)
-			}
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"type":"invalid_request_error","message":"Incorrect API key provided: %s"}}`, b.String())
-		case "err-hex":
-			w.WriteHeader(http.StatusForbidden)
-			fmt.Fprintf(w, `{"error":{"message":"key digest input %s"}}`, hex.EncodeToString([]byte(k)))
-		case "err-deflate":
-			w.Header().Set("Content-Encoding", "deflate")
-			w.WriteHeader(http.StatusUnauthorized)
-			z, _ := flate.NewWriter(w, flate.BestSpeed)
-			fmt.Fprintf(z, `{"error":{"message":"bad key %s"}}`, k)
-			_ = z.Close()
-		case "err-br":
-			// Not brotli at all: whatever a coding the router cannot undo
-			// holds must not pass, whether or not it is readable.
-			w.Header().Set("Content-Encoding", "br")
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintf(w, `{"error":{"message":"bad key %s"}}`, k)
-		case "err-cut":
-			// The key starts 20 bytes before the router's 1 MiB limit.
-			w.WriteHeader(http.StatusInternalServerError)
-			_, _ = io.WriteString(w, strings.Repeat("x", 1<<20-20)+k)
-		default:
-			t.Errorf("unknown mode %q", r.Header.Get("X-Mode"))
-		}
-	}))
+	srv := httptest.NewServer(keyecho.Handler(func(r *http.Request) string { return r.Header.Get("X-Mode") }))
 	t.Cleanup(srv.Close)
 	return srv
 }
