@@ -6,8 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -115,11 +117,7 @@ func TestEnvLoads(t *testing.T) {
 		{"/usr/bin/ruby", "RUBYOPT=-revil", "its environment sets RUBYOPT"},
 		{"/usr/bin/curl", "PYTHONPATH=/tmp/w", ""},
 	} {
-		cmd := exec.Command("/bin/sleep", "30")
-		cmd.Env = []string{tc.env}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd := startSleep(t, []string{tc.env})
 		got, err := envLoads(cmd.Process.Pid, tc.exe)
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -141,11 +139,7 @@ func TestUserSite(t *testing.T) {
 	defer unix.Close(root)
 	check := func(env []string, args string, want bool) {
 		t.Helper()
-		cmd := exec.Command("/bin/sleep", "30")
-		cmd.Env = env
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd := startSleep(t, env)
 		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 		if got := userSite(cmd.Process.Pid, "/usr/bin/python3", strings.Fields(args), root); got != want {
 			t.Errorf("env %q args %q: %v, want %v", env, args, got, want)
@@ -163,4 +157,24 @@ func TestUserSite(t *testing.T) {
 	if userSite(os.Getpid(), "/usr/bin/node", nil, root) {
 		t.Error("node has no user site")
 	}
+}
+
+// startSleep starts sleep with env and returns once its environment shows
+// in /proc: Start returns as the exec begins, before the kernel has set
+// up the new program's stack (the exec watch hears of an exec only after).
+func startSleep(t *testing.T, env []string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("/bin/sleep", "30")
+	cmd.Env = env
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ"); len(b) > 0 {
+			return cmd
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("sleep's environment never showed in /proc")
+	return nil
 }
