@@ -20,6 +20,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/sandbox"
 	"github.com/corral-sandbox/corral/internal/statedir"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 // draftFlags are the flags every corral draft command shares.
@@ -133,13 +134,14 @@ func PrintJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// target is the host:port and binary a draft answers first.
+// target is the host:port and binary a draft answers first, escaped for
+// the terminal: the workload names both (and an agent's chunk its name).
 func target(d drafts.Draft) (string, string) {
 	if len(d.Chunk.Wants) == 0 {
-		return d.Chunk.Name, ""
+		return termsafe.Line(d.Chunk.Name), ""
 	}
 	w := d.Chunk.Wants[0]
-	return net.JoinHostPort(w.Host, strconv.Itoa(int(w.Port))), w.Binary
+	return termsafe.Line(net.JoinHostPort(w.Host, strconv.Itoa(int(w.Port)))), termsafe.Line(w.Binary)
 }
 
 func draftTable(w io.Writer, list []sandbox.DraftDetail, withState bool) error {
@@ -198,13 +200,18 @@ func newDraftShowCmd() *cobra.Command {
 	}
 }
 
+// showDraft prints a draft for the person deciding on it. Everything the
+// workload or its agent could have written (names, paths, the intent, the
+// notes and rationale that quote them, the denials) goes through termsafe,
+// so that it cannot rewrite the screen around the decision; the YAML keeps
+// its lines.
 func showDraft(w io.Writer, d sandbox.DraftDetail) error {
 	y, err := d.Chunk.YAML()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "draft %s (%s, stage %d, by %s, confidence %.2f)\n", d.ID, d.State, d.Chunk.Stage, d.Chunk.Author, d.Chunk.Confidence)
-	fmt.Fprintf(w, "verdict: %s\nallows:  %s\n", d.Check.Verdict, d.Check.Summary.String())
+	fmt.Fprintf(w, "verdict: %s\nallows:  %s\n", d.Check.Verdict, termsafe.Line(d.Check.Summary.String()))
 	if d.State == drafts.Pending {
 		fmt.Fprintf(w, "expires: %s\n", d.Expires.Local().Format(time.RFC3339))
 	}
@@ -214,33 +221,33 @@ func showDraft(w io.Writer, d sandbox.DraftDetail) error {
 	if d.Loaded != nil {
 		fmt.Fprintf(w, "loaded:  policy version %d (sha256 %.12s)\n", d.Loaded.Version, d.Loaded.Hash)
 	}
-	fmt.Fprintf(w, "\n%s\n\n%s\n", strings.TrimSpace(d.Chunk.Rationale), strings.TrimRight(string(y), "\n"))
+	fmt.Fprintf(w, "\n%s\n\n%s\n", termsafe.Line(strings.TrimSpace(d.Chunk.Rationale)), termsafe.Text(strings.TrimRight(string(y), "\n")))
 	if d.Chunk.Intent != "" {
-		fmt.Fprintf(w, "\nthe agent's intent: %s\n", d.Chunk.Intent)
+		fmt.Fprintf(w, "\nthe agent's intent: %s\n", termsafe.Line(d.Chunk.Intent))
 	}
 	if len(d.Chunk.SecurityNotes) > 0 || len(d.Check.Flags) > 0 {
 		fmt.Fprintln(w, "\nsecurity notes:")
 		for _, n := range append(append([]string(nil), d.Chunk.SecurityNotes...), d.Check.Flags...) {
-			fmt.Fprintf(w, "  - %s\n", n)
+			fmt.Fprintf(w, "  - %s\n", termsafe.Line(n))
 		}
 	}
 	if len(d.Entries) > 0 {
 		fmt.Fprintln(w, "\ndenials:")
 		for _, e := range d.Entries {
-			fmt.Fprintf(w, "  %s:%d %s ×%d (%s)", e.Host, e.Port, OrDash(e.Binary), e.Count, e.Reason)
+			fmt.Fprintf(w, "  %s:%d %s ×%d (%s)", termsafe.Line(e.Host), e.Port, OrDash(termsafe.Line(e.Binary)), e.Count, termsafe.Line(e.Reason))
 			if e.Cmdline != "" {
-				fmt.Fprintf(w, "  $ %s", e.Cmdline)
+				fmt.Fprintf(w, "  $ %s", termsafe.Line(e.Cmdline))
 			}
 			fmt.Fprintln(w)
 		}
 	}
 	if d.Guidance != "" {
-		fmt.Fprintf(w, "\nguidance for the agent: %s\n", d.Guidance)
+		fmt.Fprintf(w, "\nguidance for the agent: %s\n", termsafe.Line(d.Guidance))
 	}
 	if len(d.History) > 0 {
 		fmt.Fprintln(w, "\nhistory:")
 		for _, t := range d.History {
-			fmt.Fprintf(w, "  %s  %s → %s  by %s  %s\n", t.At.Local().Format(time.RFC3339), OrDash(string(t.From)), t.To, t.Actor.User, t.Reason)
+			fmt.Fprintf(w, "  %s  %s → %s  by %s  %s\n", t.At.Local().Format(time.RFC3339), OrDash(string(t.From)), t.To, termsafe.Line(t.Actor.User), termsafe.Line(t.Reason))
 		}
 	}
 	return nil
@@ -272,7 +279,7 @@ wildcards, interpreters, any binary, internal addresses), which need
 			for _, r := range res {
 				if r.Error != "" {
 					failed++
-					fmt.Fprintf(cmd.ErrOrStderr(), "draft %s not approved: %s\n", r.Draft.ID, r.Error)
+					fmt.Fprintf(cmd.ErrOrStderr(), "draft %s not approved: %s\n", r.Draft.ID, termsafe.Line(r.Error))
 					continue
 				}
 				v := 0
@@ -358,7 +365,7 @@ func newDraftHistoryCmd() *cobra.Command {
 			fmt.Fprintln(tw, "TIME\tDRAFT\tFROM\tTO\tBY\tREASON")
 			for _, t := range hist {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.At.Local().Format(time.RFC3339), OrDash(t.Draft), OrDash(string(t.From)),
-					OrDash(string(t.To)), t.Actor.User, t.Reason)
+					OrDash(string(t.To)), termsafe.Line(t.Actor.User), termsafe.Line(t.Reason))
 			}
 			return tw.Flush()
 		},

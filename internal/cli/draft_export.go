@@ -22,6 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
 	"github.com/corral-sandbox/corral/internal/sandbox"
 	"github.com/corral-sandbox/corral/internal/statedir"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 // exportPath is the file a diff against the built-in default creates.
@@ -240,8 +241,11 @@ func approvedChunks(dir, session string) ([]gitsrc.Chunk, error) {
 		}
 		seen[d.Chunk.Name] = true
 		note := "corral draft " + d.ID
+		// An agent's rationale carries its intent: escaped, it can neither
+		// put control characters into the policy file (and onto the
+		// terminal showing the diff) nor break out of the comment.
 		if r, _, _ := strings.Cut(d.Chunk.Rationale, "\n"); r != "" {
-			note += ": " + r
+			note += ": " + termsafe.Line(r)
 		}
 		chunks = append(chunks, gitsrc.Chunk{Name: d.Chunk.Name, Policy: d.Chunk.Policy, Note: note})
 	}

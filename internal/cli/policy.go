@@ -16,6 +16,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/planner"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/policy/gitsrc"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 func newPolicyCmd() *cobra.Command {
@@ -42,15 +43,17 @@ fix" and exits 2.`,
 			if err != nil {
 				var ve *policy.ValidationError
 				if errors.As(err, &ve) {
+					// Problems quote the file, which may be one the
+					// workload wrote (a policy inside its workdir).
 					for _, pr := range ve.Problems {
-						fmt.Fprintln(cmd.ErrOrStderr(), pr.String())
+						fmt.Fprintln(cmd.ErrOrStderr(), termsafe.Line(pr.String()))
 					}
 					return &exitError{code: 2, err: fmt.Errorf("%s: %d problem(s)", args[0], len(ve.Problems))}
 				}
 				return &exitError{code: 2, err: err}
 			}
 			for _, w := range p.Warnings() {
-				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w.String())
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+termsafe.Line(w.String()))
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (sha256 %s)\n", p.Source, p.SHA256())
 			if len(p.Inherited) > 0 {

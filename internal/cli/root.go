@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/internal/quietlog"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=v1.2.3".
@@ -63,14 +64,17 @@ resource limits a laptop survives.`,
 	if err == nil {
 		return 0
 	}
+	// An error may quote what a sandbox or a gateway sent back (a
+	// supervisor's refusal, a reload error naming the workload's paths),
+	// so it is printed through termsafe; its own line breaks stay.
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintf(errOut, "corral: %v\n", ee.err)
+			fmt.Fprintf(errOut, "corral: %s\n", termsafe.Text(ee.err.Error()))
 		}
 		return ee.code
 	}
-	fmt.Fprintf(errOut, "corral: %v\n", err)
+	fmt.Fprintf(errOut, "corral: %s\n", termsafe.Text(err.Error()))
 	return 2
 }
 

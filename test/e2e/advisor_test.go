@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -531,4 +532,50 @@ func waitFile(t *testing.T, path string, within time.Duration) string {
 	}
 	t.Fatalf("%s did not appear within %v", path, within)
 	return ""
+}
+
+// draftSpoofBody writes the proposal of red-team finding rt-fs 7: an intent
+// that erases the lines above it, prints a reassuring summary, writes the
+// reviewer's clipboard (OSC 52) and starts a "security notes" line of its
+// own.
+const draftSpoofBody = `import json
+intent = "need it\x1b[2K\x1b[1A\x1b[2K\x1b[1A\x1b[2K\r\x1b[32mSAFE: read-only GET on spoof.test/docs only\x1b[0m\x1b]52;c;ZWNobyBwd25lZAo=\x07\nsecurity notes: none"
+add = "network_policies:\n  ex:\n    endpoints:\n      - host: spoof.test\n        port: 80\n    binaries:\n      - path: /usr/bin/curl\n"
+open("/tmp/body.json", "w").write(json.dumps({"addition": add, "intent": intent}))
+`
+
+// TestDraftShowEscapesWorkloadText: what the workload writes reaches the
+// reviewer's corral draft and corral draft show as visible escapes, not as
+// terminal control sequences: an agent's intent, and the path of an
+// executable it named with escape sequences (in its denial's draft).
+func TestDraftShowEscapesWorkloadText(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		requireFeature(t, "needs /usr/bin/python3 inside the sandbox")
+	}
+	fx := newFixture(t, getRootMode(t))
+	writeOwned(t, fx.m, filepath.Join(fx.W, "mk.py"), []byte(draftSpoofBody), 0o644)
+	a := startAgent(t, fx, "", nil, nil)
+	defer a.stop()
+	// The proposal must answer a denial of the curl that sends it.
+	a.run(`B="$W/$(printf 'cu\033]52;c;cHduZWQK\007\033[2Krl')"; cp /usr/bin/curl "$B" && "$B" -s -m 3 -o /dev/null http://spoof.test/; curl -s -m 3 -o /dev/null http://spoof.test/`)
+	denied, _ := a.waitDraft("spoof.test", 80, 0, fx.W+"/cu\x1b", 15*time.Second)
+	out := a.run(`python3 "$W/mk.py" && curl -s -m 5 http://policy.local/v1/proposals --data-binary @/tmp/body.json`)
+	m := regexp.MustCompile(`"id": "([0-9a-f]+)"`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("proposal not accepted:\n%s", out)
+	}
+	for _, args := range [][]string{{}, {"show", denied.ID}, {"show", m[1]}} {
+		code, out := a.draft(args...)
+		if code != 0 {
+			t.Fatalf("corral draft %q: exit %d\n%q", args, code, out)
+		}
+		if strings.ContainsAny(out, "\x1b\x07") {
+			t.Errorf("corral draft %q prints the workload's terminal control sequences:\n%q", args, out)
+		}
+		if want := `cu\x1b]52;c;cHduZWQK\a\x1b[2Krl`; len(args) < 2 || args[1] == denied.ID {
+			if !strings.Contains(out, want) {
+				t.Errorf("corral draft %q does not show the binary as %s:\n%q", args, want, out)
+			}
+		}
+	}
 }
