@@ -23,6 +23,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 // logsPage is how many entries one query asks for when reading all.
@@ -221,7 +222,10 @@ func (p logPrinter) print(e *gatewayv1.LogEntry) error {
 	if f := fieldsSummary(e.Fields); f != "" {
 		b.WriteString(" " + f)
 	}
-	_, err := fmt.Fprintln(p.out, b.String())
+	// Supervisors write every part of an entry, and the workload names
+	// what they report on (a binary's path, a host): escaped as a whole,
+	// the line stays one line and cannot drive the terminal.
+	_, err := fmt.Fprintln(p.out, termsafe.Line(b.String()))
 	return err
 }
 

@@ -133,6 +133,56 @@ func TestFieldsSummary(t *testing.T) {
 	}
 }
 
+// TestLogLineEscapesWorkloadText: red-team finding rt-gw 4. The workload
+// named an executable with escape sequences and was denied a connection;
+// the supervisor's audit event carries the name (and a supervisor writes
+// the event, message and field names too). corral logs prints each as
+// visible escapes, the entry on one line.
+func TestLogLineEscapesWorkloadText(t *testing.T) {
+	bin := "/tmp/\x1b]0;PWNED\x07\x1b[2J\x1b[31mEVIL\u009b2J\u202egnp"
+	fields, err := json.Marshal(map[string]any{"event": "net.connect.denied", "binary": bin, "host": "x.test",
+		"ancestors": []string{"/bin/dash", bin}, "k\x1b[8m": "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// encoding/json writes ESC as \u001b but leaves C1 and bidi controls as
+	// they are, and a supervisor's fields need not be JSON at all.
+	e := &gatewayv1.LogEntry{Time: timestamppb.Now(), Level: "warn\x1b[0m", Event: "net.connect.denied\x1b]52;c;cHduZWQK\x07",
+		Message: "network connection denied\nFAKE line", Fields: fields}
+	var b strings.Builder
+	if err := (logPrinter{out: &b}).print(e); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, c := range []string{"\x1b", "\x07", "\u009b", "\u202e"} {
+		if strings.Contains(out, c) {
+			t.Errorf("corral logs prints %q from the workload: %q", c, out)
+		}
+	}
+	if strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "\n") {
+		t.Errorf("one entry printed as more than one line: %q", out)
+	}
+	for _, want := range []string{
+		` WARN\x1b[0M net.connect.denied\x1b]52;c;cHduZWQK\a network connection denied\nFAKE line `,
+		` binary=/tmp/\x1b]0;PWNED\a\x1b[2J\x1b[31mEVIL\u009b2J\u202egnp `,
+		`"/tmp/\u001b]0;PWNED\u0007\u001b[2J\u001b[31mEVIL\u009b2J\u202egnp"]`,
+		` k\x1b[8m=v`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("line lacks %q:\n%q", want, out)
+		}
+	}
+
+	b.Reset()
+	e.Fields = []byte("not json \x1b[2J")
+	if err := (logPrinter{out: &b}).print(e); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(b.String(), ` not json \x1b[2J`+"\n") {
+		t.Errorf("fields that are not JSON: %q", b.String())
+	}
+}
+
 func TestParseSince(t *testing.T) {
 	now := time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC)
 	if got, err := parseSince("10m", now); err != nil || !got.Equal(now.Add(-10*time.Minute)) {

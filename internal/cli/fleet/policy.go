@@ -15,6 +15,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 // setGatewayPolicy stores the next version at the gateway and waits for
@@ -46,7 +47,7 @@ func setGatewayPolicy(cmd *cobra.Command, gf *cli.GatewayFlags, id string, data 
 		fmt.Fprintf(out, "sandbox %s: policy version %d LOADED\n", id, pv.Version)
 		return nil
 	case gatewayv1.PolicyStatus_POLICY_STATUS_FAILED:
-		return cli.Exit(1, fmt.Errorf("sandbox %s: policy version %d FAILED, the sandbox keeps its previous policy: %s", id, pv.Version, pv.Error))
+		return cli.Exit(1, fmt.Errorf("sandbox %s: policy version %d FAILED, the sandbox keeps its previous policy: %s", id, pv.Version, termsafe.Line(pv.Error)))
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "corral: sandbox %s has not reported policy version %d after %s; it applies it when its supervisor is connected (see corral policy status --sandbox %s)\n",
 		id, pv.Version, wait, id)
@@ -96,7 +97,9 @@ func newPolicyGetCmd() *cobra.Command {
 		Use:   "get --sandbox ID [--version N]",
 		Short: cli.FullShort("policy", "get"),
 		Long: `Print the newest policy version of the sandbox (or version N) as YAML: the
-whole effective policy, ready for corral policy set.` + "\n" + cli.GatewayHelp,
+whole effective policy, ready for corral policy set. A supervisor that
+joined wrote its first version, so characters a terminal would act on or
+that hide text (controls, bidi overrides) are printed as escapes (\u202e).` + "\n" + cli.GatewayHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := needSandbox(id); err != nil {
@@ -112,7 +115,7 @@ whole effective policy, ready for corral policy set.` + "\n" + cli.GatewayHelp,
 			if err != nil {
 				return err
 			}
-			_, err = io.WriteString(cmd.OutOrStdout(), resp.Msg.Yaml)
+			_, err = io.WriteString(cmd.OutOrStdout(), termsafe.Text(resp.Msg.Yaml))
 			return err
 		},
 	}
@@ -145,7 +148,7 @@ SHA-256 and what the supervisor reported (PENDING, LOADED, FAILED and why).` + "
 			fmt.Fprintln(w, "VERSION\tCREATED\tAUTHOR\tSHA256\tSTATUS\tERROR")
 			for _, pv := range resp.Msg.Versions {
 				fmt.Fprintf(w, "%d\t%s\t%s\t%.12s\t%s\t%s\n", pv.Version, pv.CreatedAt.AsTime().Local().Format(time.RFC3339),
-					cli.OrDash(pv.Author), pv.Sha256, policyStatusName(pv.Status), cli.OrDash(oneLine(pv.Error)))
+					cli.OrDash(termsafe.Line(pv.Author)), pv.Sha256, policyStatusName(pv.Status), cli.OrDash(termsafe.Line(oneLine(pv.Error))))
 			}
 			return w.Flush()
 		},
@@ -179,9 +182,9 @@ version it had).` + "\n" + cli.GatewayHelp,
 			pv := resp.Msg
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "sandbox %s: policy version %d (sha256 %s, set by %s at %s) %s\n", id, pv.Version, pv.Sha256,
-				cli.OrDash(pv.Author), pv.CreatedAt.AsTime().Local().Format(time.RFC3339), policyStatusName(pv.Status))
+				cli.OrDash(termsafe.Line(pv.Author)), pv.CreatedAt.AsTime().Local().Format(time.RFC3339), policyStatusName(pv.Status))
 			if pv.Error != "" {
-				fmt.Fprintf(out, "error: %s\n", pv.Error)
+				fmt.Fprintf(out, "error: %s\n", termsafe.Line(pv.Error))
 			}
 			return nil
 		},

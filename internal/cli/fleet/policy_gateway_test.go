@@ -162,3 +162,43 @@ func TestPolicySetWithoutGatewayStaysLocal(t *testing.T) {
 		t.Errorf("with CORRAL_GATEWAY set: %s", r)
 	}
 }
+
+// TestSandboxTextEscapesSupervisorText: red-team finding rt-gw 4, related
+// part. A supervisor that joins labels its sandbox and reports why it
+// failed and why a policy did not load; sandbox list/get and policy
+// status/history print all of it as visible escapes.
+func TestSandboxTextEscapesSupervisorText(t *testing.T) {
+	const hostile = "\x1b[2J\x1b[31mprod-db\x1b[0m\nFAKE\tready\u009b2J\u202e"
+	const shown = `\x1b[2J\x1b[31mprod-db\x1b[0m\nFAKE\tready\u009b2J\u202e`
+	if got, want := labelText(map[string]string{"team": hostile}), "team="+shown; got != want {
+		t.Errorf("labels %q, want %q", got, want)
+	}
+
+	g := startTestGateway(t)
+	g.useEnv()
+	id := g.createExternal("joined")
+	if err := <-g.reportWhenStored(id, 1, gatewayv1.PolicyStatus_POLICY_STATUS_FAILED, hostile); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := g.supervisor(id).ReportPhase(ctx, connect.NewRequest(&gatewayv1.ReportPhaseRequest{Phase: gatewayv1.Phase_PHASE_FAILED, Reason: hostile})); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sandbox", "get", id}, "phase:    failed: " + shown + "\n"},
+		{[]string{"policy", "status", "--sandbox", id}, "error: " + shown + "\n"},
+		{[]string{"policy", "history", "--sandbox", id}, `\x1b[2J\x1b[31mprod-db\x1b[0m FAKE ready\u009b2J\u202e`},
+	} {
+		r := runCorral(t, "", c.args...)
+		if r.code != 0 || !strings.Contains(r.stdout, c.want) {
+			t.Errorf("%q: exit %d, want %q in\n%q", c.args, r.code, c.want, r.stdout+r.stderr)
+		}
+		if strings.ContainsAny(r.stdout, "\x1b\u009b\u202e") {
+			t.Errorf("%q prints the supervisor's control characters: %q", c.args, r.stdout)
+		}
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayclient"
+	"github.com/corral-sandbox/corral/internal/termsafe"
 )
 
 func newSandboxCmd() *cobra.Command {
@@ -192,7 +193,7 @@ func listSandboxes(cmd *cobra.Command, gf *cli.GatewayFlags, sel map[string]stri
 		if sb.ExitCode != nil {
 			exit = fmt.Sprint(*sb.ExitCode)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.Id, cli.OrDash(sb.Name), phaseName(sb.Phase), exit,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.Id, nameText(sb), phaseName(sb.Phase), exit,
 			policyText(sb), age(now, sb.CreatedAt.AsTime()), labelText(sb.Labels))
 	}
 	return w.Flush()
@@ -220,12 +221,12 @@ func newSandboxGetCmd() *cobra.Command {
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "id:\t%s\n", sb.Id)
-			fmt.Fprintf(w, "name:\t%s\n", cli.OrDash(sb.Name))
+			fmt.Fprintf(w, "name:\t%s\n", nameText(sb))
 			fmt.Fprintf(w, "phase:\t%s\n", phaseText(sb))
 			fmt.Fprintf(w, "policy:\t%s\n", policyText(sb))
 			fmt.Fprintf(w, "driver:\t%s\n", sb.Driver)
-			fmt.Fprintf(w, "command:\t%s\n", cli.OrDash(strings.Join(sb.Command, " ")))
-			fmt.Fprintf(w, "workdir:\t%s\n", cli.OrDash(sb.Workdir))
+			fmt.Fprintf(w, "command:\t%s\n", cli.OrDash(termsafe.Line(strings.Join(sb.Command, " "))))
+			fmt.Fprintf(w, "workdir:\t%s\n", cli.OrDash(termsafe.Line(sb.Workdir)))
 			fmt.Fprintf(w, "labels:\t%s\n", labelText(sb.Labels))
 			fmt.Fprintf(w, "created:\t%s\n", sb.CreatedAt.AsTime().Local().Format(time.RFC3339))
 			fmt.Fprintf(w, "updated:\t%s\n", sb.UpdatedAt.AsTime().Local().Format(time.RFC3339))
@@ -301,7 +302,7 @@ until interrupted (or until the one sandbox watched is deleted).` + "\n" + cli.G
 				if ev.Deleted {
 					state = "deleted"
 				}
-				fmt.Fprintf(out, "%s\t%s\t%s\t%s\n", time.Now().Format(time.RFC3339), sb.Id, cli.OrDash(sb.Name), state)
+				fmt.Fprintf(out, "%s\t%s\t%s\t%s\n", time.Now().Format(time.RFC3339), sb.Id, nameText(sb), state)
 			}
 			if err := stream.Err(); err != nil && ctx.Err() == nil {
 				return gwErr(c, err, req.Id)
@@ -338,6 +339,13 @@ func phaseName(p gatewayv1.Phase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "PHASE_"))
 }
 
+// nameText is the sandbox's name for a table cell. A supervisor that joins
+// with a token names its sandbox, labels it and reports why it ended, so
+// nameText, phaseText and labelText escape those for the terminal.
+func nameText(sb *gatewayv1.Sandbox) string {
+	return cli.OrDash(termsafe.Line(sb.Name))
+}
+
 // phaseText is the phase with what ended it.
 func phaseText(sb *gatewayv1.Sandbox) string {
 	s := phaseName(sb.Phase)
@@ -345,7 +353,7 @@ func phaseText(sb *gatewayv1.Sandbox) string {
 		s += fmt.Sprintf(" (exit %d)", *sb.ExitCode)
 	}
 	if sb.Reason != "" {
-		s += ": " + sb.Reason
+		s += ": " + termsafe.Line(sb.Reason)
 	}
 	return s
 }
@@ -366,7 +374,7 @@ func labelText(labels map[string]string) string {
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		parts = append(parts, k+"="+labels[k])
 	}
-	return strings.Join(parts, ",")
+	return termsafe.Line(strings.Join(parts, ","))
 }
 
 // age is a duration in its largest whole unit, as kubectl prints it.
