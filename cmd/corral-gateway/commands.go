@@ -169,14 +169,17 @@ func newTokenCmd(sf *storeFlags) *cobra.Command {
 	}
 	var name, sandbox string
 	var join bool
+	var secrets []string
 	create := &cobra.Command{
-		Use:   "create (--name N | --sandbox ID | --join)",
+		Use:   "create (--name N | --sandbox ID | --join [--secret NAME]...)",
 		Short: "Create a token and print its secret once",
 		Long: `Create a bearer token and print its secret; only its SHA-256 is kept, so
 it cannot be shown again.
   --name N      a user token for N
   --sandbox ID  a new credential for sandbox ID's supervisor
-  --join        a one-time token a supervisor on another host joins with`,
+  --join        a one-time token a supervisor on another host joins with;
+                the policy it joins with may take from_gateway only the
+                secrets named by --secret NAME (repeatable), none without`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			kind := store.TokenUser
@@ -201,7 +204,7 @@ it cannot be shown again.
 				return err
 			}
 			defer st.Close()
-			secret, t, err := auth.CreateToken(cmd.Context(), st, kind, name, sandbox)
+			secret, t, err := auth.CreateToken(cmd.Context(), st, kind, name, sandbox, secrets...)
 			if err != nil {
 				return err
 			}
@@ -213,6 +216,7 @@ it cannot be shown again.
 	create.Flags().StringVar(&name, "name", "", "token name (the user it authenticates as)")
 	create.Flags().StringVar(&sandbox, "sandbox", "", "make a credential for this sandbox's supervisor")
 	create.Flags().BoolVar(&join, "join", false, "make a one-time join token")
+	create.Flags().StringArrayVar(&secrets, "secret", nil, "gateway secret the sandbox joining with this token may take from_gateway (repeatable; with --join)")
 
 	list := &cobra.Command{
 		Use:   "list",
@@ -229,13 +233,13 @@ it cannot be shown again.
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tCREATED\tUSED")
+			fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tSECRETS\tCREATED\tUSED")
 			for _, t := range ts {
 				used := "-"
 				if !t.UsedAt.IsZero() {
 					used = t.UsedAt.Format(time.RFC3339)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), t.CreatedAt.Format(time.RFC3339), used)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), orDash(strings.Join(t.Secrets, ",")), t.CreatedAt.Format(time.RFC3339), used)
 			}
 			return w.Flush()
 		},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,19 @@ func TestTokenCommands(t *testing.T) {
 	out, err := run(t, "token", "list", "--data", data)
 	if err != nil || !strings.Contains(out, "alice") || !strings.Contains(out, "join") || strings.Contains(out, "cgw_") {
 		t.Fatalf("token list: %q, %v", out, err)
+	}
+	// A join token records the secrets it grants; only a join token grants.
+	if _, err := run(t, "token", "create", "--join", "--name", "host-b", "--secret", "gh-token", "--secret", "db", "--data", data); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{{"--name", "bob", "--secret", "db"}, {"--join", "--secret", "../x"}} {
+		if _, err := run(t, append([]string{"token", "create", "--data", data}, bad...)...); err == nil {
+			t.Errorf("token create %q succeeded", bad)
+		}
+	}
+	out, err = run(t, "token", "list", "--data", data)
+	if err != nil || !regexp.MustCompile(`join\s+host-b\s+-\s+db,gh-token\s`).MatchString(out) {
+		t.Fatalf("token list does not show the join token's secrets: %q, %v", out, err)
 	}
 	id := strings.Fields(strings.Split(out, "\n")[1])[0]
 	if _, err := run(t, "token", "delete", id, "--data", data); err != nil {

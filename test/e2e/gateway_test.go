@@ -746,7 +746,7 @@ func TestGatewaySecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokenFile := filepath.Join(fx.aux, "join-token")
-	if err := os.WriteFile(tokenFile, []byte(g.Token("--join")+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(g.Token("--join", "--secret", "gh-token")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	policy := basePolicy(`network_policies:

@@ -4,14 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/corral-sandbox/corral/internal/gateway/store"
+	"github.com/corral-sandbox/corral/internal/policy"
 )
 
 // CreateToken stores a new token of kind and returns its secret, which
 // exists nowhere else afterwards. A sandbox token needs the sandbox it is
-// bound to.
-func CreateToken(ctx context.Context, st store.Store, kind store.TokenKind, name, sandboxID string) (string, store.Token, error) {
+// bound to. A join token may grant secrets: the gateway secrets the
+// sandbox joining with it may take from_gateway (none when none are
+// given); other kinds grant none.
+func CreateToken(ctx context.Context, st store.Store, kind store.TokenKind, name, sandboxID string, secrets ...string) (string, store.Token, error) {
+	if len(secrets) > 0 && kind != store.TokenJoin {
+		return "", store.Token{}, fmt.Errorf("only a join token grants secrets (--secret goes with --join), not a %s token", kind)
+	}
+	for _, s := range secrets {
+		if !policy.ValidGatewaySecretName(s) {
+			return "", store.Token{}, fmt.Errorf("--secret %q: not a gateway secret name (letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit)", s)
+		}
+	}
 	switch kind {
 	case store.TokenUser, store.TokenJoin:
 		if sandboxID != "" {
@@ -31,7 +43,7 @@ func CreateToken(ctx context.Context, st store.Store, kind store.TokenKind, name
 		return "", store.Token{}, errors.New("a token needs a name (--name)")
 	}
 	secret := NewSecret(kind)
-	t := store.Token{ID: NewID(), Name: name, Kind: kind, SandboxID: sandboxID, Hash: Hash(secret)}
+	t := store.Token{ID: NewID(), Name: name, Kind: kind, SandboxID: sandboxID, Hash: Hash(secret), Secrets: slices.Compact(slices.Sorted(slices.Values(secrets)))}
 	if err := st.AddToken(ctx, t); err != nil {
 		return "", store.Token{}, fmt.Errorf("store token: %w", err)
 	}

@@ -90,6 +90,7 @@ func (a *Authenticator) token(ctx context.Context, secret string) (Principal, er
 		if !t.UsedAt.IsZero() {
 			return Principal{}, errBadCredential
 		}
+		p.Secrets = t.Secrets
 	default:
 		return Principal{}, errBadCredential
 	}

@@ -18,6 +18,10 @@ type Principal struct {
 	// TokenID identifies the token used (empty for a client certificate);
 	// Join spends it.
 	TokenID string
+	// Secrets are, for a join credential, the gateway secrets its operator
+	// granted: the only ones the joining sandbox's policy may take
+	// from_gateway.
+	Secrets []string
 }
 
 type principalKey struct{}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -145,8 +146,9 @@ func TestMissingGatewaySecretRefused(t *testing.T) {
 		t.Fatalf("a refused create left sandboxes: %v %v", list, err)
 	}
 
-	// A join is refused the same way, and leaves its token unspent.
-	join, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "host-b", "")
+	// A join whose token grants the secret is refused the same way, and
+	// leaves its token unspent.
+	join, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "host-b", "", "gh-token")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,5 +173,88 @@ func TestMissingGatewaySecretRefused(t *testing.T) {
 	hist, err := c.policy.History(ctx, connect.NewRequest(&gatewayv1.PolicyHistoryRequest{SandboxId: sb.Msg.Id}))
 	if err != nil || !slices.EqualFunc(hist.Msg.Versions, []int64{1}, func(v *gatewayv1.PolicyVersion, n int64) bool { return v.Version == n }) {
 		t.Fatalf("history after a refused set: %v %v", hist, err)
+	}
+}
+
+// policyTaking is a policy taking each named gateway secret.
+func policyTaking(names ...string) string {
+	var b strings.Builder
+	b.WriteString("version: 1\nnetwork_policies:\n  x:\n    endpoints:\n      - {host: api.example, port: 443, protocol: rest, tls: terminate, access: read-only}\nsecrets:\n")
+	for i, n := range names {
+		fmt.Fprintf(&b, "  S%d: {from_gateway: %s, hosts: [api.example]}\n", i, n)
+	}
+	return b.String()
+}
+
+// TestJoinTakesOnlyGrantedSecrets: the joiner writes its own policy, so
+// it may take from_gateway only the secrets its join token grants. Naming
+// any other is refused with the same answer whether the gateway holds
+// that secret or not (a refused join cannot probe which names exist), the
+// token stays unspent, and the joined sandbox receives, now and on
+// rotation, only what was granted.
+func TestJoinTakesOnlyGrantedSecrets(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	admin := g.clients(g.user, nil)
+	setSecret(t, admin, "prod-db-password", "hunter2-prod-db-0123456789")
+	setSecret(t, admin, "gh-token", "ghp_grantedVALUE0123456789")
+
+	join := func(c clients, names ...string) (*connect.Response[gatewayv1.JoinResponse], error) {
+		return c.supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: "remote", Policy: policyTaking(names...)}))
+	}
+	// The answer for a held secret and a missing one differs only in the
+	// name the policy gave.
+	refusal := func(c clients, name string) string {
+		t.Helper()
+		_, err := join(c, name)
+		if codeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "corral gateway token create --join --secret NAME") {
+			t.Fatalf("join taking ungranted %s: %v", name, err)
+		}
+		return strings.ReplaceAll(err.Error(), name, "NAME")
+	}
+	bare, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "host-b", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	noGrant := g.clients(bare, nil)
+	if held, missing := refusal(noGrant, "prod-db-password"), refusal(noGrant, "aws-key"); held != missing {
+		t.Errorf("a refused join tells a held secret from a missing one:\n%s\n%s", held, missing)
+	}
+
+	granting, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "host-c", "", "gh-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := g.clients(granting, nil)
+	if held, missing := refusal(j, "prod-db-password"), refusal(j, "aws-key"); held != missing {
+		t.Errorf("a refused join tells a held secret from a missing one:\n%s\n%s", held, missing)
+	}
+	if _, err := join(j, "gh-token", "prod-db-password"); codeOf(err) != connect.CodePermissionDenied || strings.Contains(err.Error(), "gh-token") {
+		t.Fatalf("join taking a granted and an ungranted secret: %v", err)
+	}
+	// The refusals left the token unspent: it joins taking what it grants.
+	r, err := join(j, "gh-token")
+	if err != nil {
+		t.Fatalf("join taking the granted secret: %v", err)
+	}
+	sup := g.clients(r.Msg.Token, nil)
+	s, err := sup.supervisor.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := secretMap(receive(t, s)); !maps1(got, "gh-token", "ghp_grantedVALUE0123456789") {
+		t.Fatalf("the joined sandbox got %v, want only the granted gh-token", got)
+	}
+	setSecret(t, admin, "prod-db-password", "hunter2-rotated-0123456789")
+	setSecret(t, admin, "gh-token", "ghp_rotatedVALUE0123456789")
+	if got := secretMap(receive(t, s)); !maps1(got, "gh-token", "ghp_rotatedVALUE0123456789") {
+		t.Fatalf("after rotation the joined sandbox got %v, want only the new gh-token", got)
+	}
+
+	// A sandbox a user creates runs the operator's policy: it may take
+	// any secret the gateway holds.
+	if _, err := admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Command: []string{"agent"}, Driver: "fake", Policy: policyTaking("gh-token", "prod-db-password")})); err != nil {
+		t.Fatalf("create taking two secrets: %v", err)
 	}
 }

@@ -18,9 +18,9 @@ const policySource = "gateway"
 
 // checkNewPolicy validates a sandbox's first policy as `corral policy
 // check` does (the built-in default when text is empty), checks that the
-// gateway holds the secrets it takes from_gateway, and returns what the
-// store keeps.
-func (s *Server) checkNewPolicy(ctx context.Context, text string) ([]byte, string, error) {
+// secrets it takes from_gateway are granted (any, when granted is nil)
+// and that the gateway holds them, and returns what the store keeps.
+func (s *Server) checkNewPolicy(ctx context.Context, text string, granted func(name string) bool) ([]byte, string, error) {
 	p := policy.Default()
 	if strings.TrimSpace(text) != "" {
 		var err error
@@ -31,6 +31,13 @@ func (s *Server) checkNewPolicy(ctx context.Context, text string) ([]byte, strin
 	yaml, sum, err := storedPolicy(p)
 	if err != nil {
 		return nil, "", err
+	}
+	// Before the gateway looks a name up, so that whether a secret exists
+	// is told only to whoever may take it.
+	if granted != nil {
+		if err := checkGranted(p, granted); err != nil {
+			return nil, "", err
+		}
 	}
 	if err := s.checkGatewaySecrets(ctx, p); err != nil {
 		return nil, "", err

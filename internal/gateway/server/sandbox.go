@@ -41,7 +41,8 @@ func (h *sandboxService) Create(ctx context.Context, req *connect.Request[gatewa
 		}
 	}
 	sb := store.Sandbox{Name: m.Name, Labels: m.Labels, Command: m.Command, Workdir: m.Workdir, Env: m.Env, Driver: drvName}
-	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name)
+	// A user's policy is the operator's own: it may take any secret.
+	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -63,11 +64,13 @@ func (h *sandboxService) Create(ctx context.Context, req *connect.Request[gatewa
 	return h.get(dctx, sb.ID)
 }
 
-// register checks policyYAML (the default when empty), gives sb its id and
-// first phase, and stores it with that policy as version 1 and its own
-// credential, whose secret it returns; on failure it leaves nothing behind.
-func (s *Server) register(ctx context.Context, sb *store.Sandbox, policyYAML, author string) (secret string, retErr error) {
-	yaml, sum, err := s.checkNewPolicy(ctx, policyYAML)
+// register checks policyYAML (the default when empty) and that the
+// secrets it takes from_gateway are granted (nil: any), gives sb its
+// id and first phase, and stores it with that policy as version 1 and its
+// own credential, whose secret it returns; on failure it leaves nothing
+// behind.
+func (s *Server) register(ctx context.Context, sb *store.Sandbox, policyYAML, author string, granted func(name string) bool) (secret string, retErr error) {
+	yaml, sum, err := s.checkNewPolicy(ctx, policyYAML, granted)
 	if err != nil {
 		return "", err
 	}

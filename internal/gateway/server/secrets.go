@@ -83,6 +83,25 @@ func (s *Server) checkGatewaySecrets(ctx context.Context, p *policy.Policy) erro
 	return nil
 }
 
+// checkGranted refuses a joining sandbox's policy that takes from_gateway a
+// secret its join token does not grant. The error names only the policy's
+// own names, never whether the gateway holds them: the answer is the same
+// for a secret that exists and for one that does not.
+func checkGranted(p *policy.Policy, granted func(name string) bool) error {
+	var refused []string
+	for _, name := range p.GatewaySecrets() {
+		if !granted(name) {
+			refused = append(refused, name)
+		}
+	}
+	if len(refused) > 0 {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf(
+			"the policy takes from_gateway the secret(s) %s, which the join token does not grant; ask the gateway's operator for a join token made with --secret NAME for each: corral gateway token create --join --secret NAME",
+			strings.Join(refused, ", ")))
+	}
+	return nil
+}
+
 // gatewaySecretNames are the secrets a stored policy version takes
 // from_gateway.
 func gatewaySecretNames(pv store.PolicyVersion) ([]string, error) {

@@ -26,7 +26,9 @@ func (h *supervisorService) Join(ctx context.Context, req *connect.Request[gatew
 	}
 	m := req.Msg
 	sb := store.Sandbox{Name: m.Name, Labels: m.Labels, Command: m.Command, Workdir: m.Workdir, Driver: DriverExternal}
-	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name)
+	// The joiner writes its own policy: it may take from_gateway only the
+	// secrets its join token grants (none when it grants none).
+	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name, func(name string) bool { return slices.Contains(p.Secrets, name) })
 	if err != nil {
 		return nil, err
 	}

@@ -507,12 +507,22 @@ func (s *sqlStore) AddToken(ctx context.Context, t Token) error {
 		return fmt.Errorf("add token %q: unknown kind %q", t.ID, t.Kind)
 	case t.Kind == TokenSandbox && t.SandboxID == "":
 		return fmt.Errorf("add token %q: a sandbox token needs its sandbox id", t.ID)
+	case t.Kind != TokenJoin && len(t.Secrets) > 0:
+		return fmt.Errorf("add token %q: only a join token grants secrets", t.ID)
 	}
 	err := s.b.write(ctx, func(tx conn) error {
 		_, err := tx.exec(ctx, `INSERT INTO tokens (`+tokenCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
 			t.ID, t.Name, string(t.Kind), nullStr(t.SandboxID), t.Hash,
 			s.b.timeArg(orNow(t.CreatedAt)), s.b.timeArg(t.ExpiresAt), s.b.timeArg(t.UsedAt))
-		return err
+		if err != nil {
+			return err
+		}
+		for _, name := range t.Secrets {
+			if _, err := tx.exec(ctx, `INSERT INTO token_secrets (token_id, secret) VALUES (?, ?)`, t.ID, name); err != nil {
+				return fmt.Errorf("grant secret %q: %w", name, err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return s.fail(err, "add token %q", t.ID)
@@ -536,6 +546,15 @@ func (s *sqlStore) TokenByHash(ctx context.Context, hash string) (Token, error) 
 		// The hash is a credential's digest: keep it out of messages.
 		return Token{}, s.fail(err, "token by hash")
 	}
+	// Only join tokens grant secrets: other kinds, which authenticate
+	// every call, need no second query.
+	if t.Kind == TokenJoin {
+		grants, err := s.tokenSecrets(ctx, `WHERE token_id = ?`, t.ID)
+		if err != nil {
+			return Token{}, err
+		}
+		t.Secrets = grants[t.ID]
+	}
 	return t, nil
 }
 
@@ -555,6 +574,35 @@ func (s *sqlStore) ListTokens(ctx context.Context) ([]Token, error) {
 	}
 	if err := rs.Err(); err != nil {
 		return nil, s.fail(err, "list tokens")
+	}
+	grants, err := s.tokenSecrets(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].Secrets = grants[out[i].ID]
+	}
+	return out, nil
+}
+
+// tokenSecrets returns the secrets granted to the tokens the where clause
+// selects, by token id, each list sorted.
+func (s *sqlStore) tokenSecrets(ctx context.Context, where string, args ...any) (map[string][]string, error) {
+	rs, err := s.b.read().query(ctx, `SELECT token_id, secret FROM token_secrets `+where+` ORDER BY token_id, secret`, args...)
+	if err != nil {
+		return nil, s.fail(err, "secrets granted to tokens")
+	}
+	defer rs.Close()
+	out := map[string][]string{}
+	for rs.Next() {
+		var id, name string
+		if err := rs.Scan(&id, &name); err != nil {
+			return nil, s.fail(err, "secrets granted to tokens")
+		}
+		out[id] = append(out[id], name)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, s.fail(err, "secrets granted to tokens")
 	}
 	return out, nil
 }

@@ -118,6 +118,10 @@ type Token struct {
 	CreatedAt time.Time
 	ExpiresAt time.Time // zero = never
 	UsedAt    time.Time // set when a join token is spent
+	// Secrets are, for a TokenJoin, the gateway secrets the sandbox that
+	// joins with it may take from_gateway, sorted; the joiner writes its
+	// own policy, so the operator's grant bounds it. Other kinds have none.
+	Secrets []string
 }
 
 // Secret is a named credential, sealed by the gateway before it is stored.

@@ -146,6 +146,7 @@ func fill(t *testing.T, s store.Store) {
 	}
 	must(t, s.AppendLogs(ctx, []store.LogEntry{{SandboxID: "sb-old", Level: "info", Source: "audit", Message: "old line"}}))
 	must(t, s.AddToken(ctx, store.Token{ID: "tok-old", Name: "ci", Kind: store.TokenUser, Hash: "hash-old"}))
+	must(t, s.AddToken(ctx, store.Token{ID: "join-old", Name: "host-b", Kind: store.TokenJoin, Hash: "hash-join-old"}))
 	must(t, s.PutSecret(ctx, store.Secret{Name: "key-old", Sealed: []byte{1, 2, 3}}))
 	if _, err := s.AddRoutes(ctx, []byte("routes: []\n"), "alice"); err != nil {
 		t.Fatal(err)
@@ -178,6 +179,14 @@ func checkFilled(t *testing.T, s store.Store) {
 	}
 	if tok, err := s.TokenByHash(ctx, "hash-old"); err != nil || tok.ID != "tok-old" {
 		t.Fatalf("old token: %+v, %v", tok, err)
+	}
+	// A join token from before grants were recorded grants no secret.
+	if tok, err := s.TokenByHash(ctx, "hash-join-old"); err != nil || tok.ID != "join-old" || len(tok.Secrets) != 0 {
+		t.Fatalf("old join token: %+v, %v", tok, err)
+	}
+	must(t, s.AddToken(ctx, store.Token{ID: "join-new", Kind: store.TokenJoin, Hash: "hash-join-new", Secrets: []string{"key-old"}}))
+	if tok, err := s.TokenByHash(ctx, "hash-join-new"); err != nil || !slices.Equal(tok.Secrets, []string{"key-old"}) {
+		t.Fatalf("join token granting a secret after upgrade: %+v, %v", tok, err)
 	}
 	if sec, err := s.GetSecret(ctx, "key-old"); err != nil || !bytes.Equal(sec.Sealed, []byte{1, 2, 3}) {
 		t.Fatalf("old secret: %+v, %v", sec, err)
@@ -888,6 +897,33 @@ func testJoinTokens(t *testing.T, s store.Store) {
 	wantErr(t, s.SpendJoinToken(ctx, "old", "sb"), store.ErrNotFound, "spend expired")
 	wantErr(t, s.SpendJoinToken(ctx, "u", "sb"), store.ErrNotFound, "spend a user token")
 	wantErr(t, s.SpendJoinToken(ctx, "nope", "sb"), store.ErrNotFound, "spend unknown")
+
+	// Grants come back sorted, by hash and in the list, and go with the
+	// token; only a join token may carry them.
+	must(t, s.AddToken(ctx, store.Token{ID: "g", Kind: store.TokenJoin, Hash: "g", Secrets: []string{"gh-token", "db"}}))
+	got, err = s.TokenByHash(ctx, "g")
+	must(t, err)
+	if !slices.Equal(got.Secrets, []string{"db", "gh-token"}) {
+		t.Errorf("granted secrets by hash: %q", got.Secrets)
+	}
+	if got, err := s.TokenByHash(ctx, "j"); err != nil || len(got.Secrets) != 0 {
+		t.Errorf("a join token made without grants: %+v, %v", got, err)
+	}
+	list, err := s.ListTokens(ctx)
+	must(t, err)
+	for _, tk := range list {
+		if want := map[string][]string{"g": {"db", "gh-token"}}[tk.ID]; !slices.Equal(tk.Secrets, want) {
+			t.Errorf("listed token %s grants %q, want %q", tk.ID, tk.Secrets, want)
+		}
+	}
+	if err := s.AddToken(ctx, store.Token{ID: "ug", Kind: store.TokenUser, Hash: "ug", Secrets: []string{"db"}}); err == nil {
+		t.Error("a user token was stored with granted secrets")
+	}
+	must(t, s.DeleteToken(ctx, "g"))
+	must(t, s.AddToken(ctx, store.Token{ID: "g", Kind: store.TokenJoin, Hash: "g2"}))
+	if got, err := s.TokenByHash(ctx, "g2"); err != nil || len(got.Secrets) != 0 {
+		t.Errorf("a deleted token's grants outlived it: %+v, %v", got, err)
+	}
 }
 
 func testJoinTokenSpentOnce(t *testing.T, s store.Store) {
