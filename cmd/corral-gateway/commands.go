@@ -246,7 +246,7 @@ it cannot be shown again.
 	}
 	del := &cobra.Command{
 		Use:   "delete ID",
-		Short: "Delete a token; whoever holds it is refused from then on",
+		Short: "Delete a token; whoever holds it is refused from then on, and its open streams end",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := sf.open(cmd.Context())

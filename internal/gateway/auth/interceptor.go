@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -136,12 +137,87 @@ func (i interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conne
 	return next
 }
 
+// recheckEvery bounds how long a stream outlives its credential. Tokens
+// are deleted by corral-gateway token delete in another process, so
+// nothing tells this one: an open stream authenticates again at this
+// interval, and its handler's context ends, with the refusal as its
+// cause, once the credential is gone.
+const recheckEvery = 2 * time.Second
+
 func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		ctx, err := i.a.check(ctx, conn.Spec().Procedure, conn.RequestHeader())
+		procedure, header := conn.Spec().Procedure, conn.RequestHeader()
+		ctx, err := i.a.check(ctx, procedure, header)
 		if err != nil {
 			return err
 		}
-		return next(ctx, conn)
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		c := &checkedConn{StreamingHandlerConn: conn, recheck: func() error {
+			_, err := i.a.check(ctx, procedure, header)
+			return err
+		}, checked: time.Now()}
+		p, _ := FromContext(ctx)
+		// A sandbox credential's stream carries secret values and sends
+		// rarely: every message is checked, so a revoked credential gets
+		// not one more. A user's may send thousands of log lines a second.
+		if p.Kind != store.TokenSandbox {
+			c.maxAge = recheckEvery
+		}
+		go func() {
+			t := time.NewTicker(recheckEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if err := c.fresh(); err != nil {
+						cancel(err)
+						return
+					}
+				}
+			}
+		}()
+		return next(ctx, c)
 	}
+}
+
+// checkedConn authenticates its stream's credential again before a
+// message goes either way, when the last check is older than maxAge.
+type checkedConn struct {
+	connect.StreamingHandlerConn
+	recheck func() error
+	maxAge  time.Duration
+
+	mu      sync.Mutex
+	checked time.Time
+}
+
+// fresh returns the refusal of a credential that no longer authenticates.
+func (c *checkedConn) fresh() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.maxAge > 0 && time.Since(c.checked) < c.maxAge {
+		return nil
+	}
+	if err := c.recheck(); err != nil {
+		return err
+	}
+	c.checked = time.Now()
+	return nil
+}
+
+func (c *checkedConn) Send(msg any) error {
+	if err := c.fresh(); err != nil {
+		return err
+	}
+	return c.StreamingHandlerConn.Send(msg)
+}
+
+func (c *checkedConn) Receive(msg any) error {
+	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
+		return err
+	}
+	return c.fresh()
 }

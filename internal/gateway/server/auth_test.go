@@ -365,3 +365,109 @@ func TestSandboxCredentialCannotActForAnother(t *testing.T) {
 		t.Fatalf("a's own reports: %+v, %v", ga.Msg, err)
 	}
 }
+
+// tokenID is the id of the token bound to sandboxID, or named name.
+func tokenID(t *testing.T, g *gw, sandboxID, name string) string {
+	t.Helper()
+	ts, err := g.store.ListTokens(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range ts {
+		if (sandboxID != "" && tk.SandboxID == sandboxID) || (name != "" && tk.Name == name) {
+			return tk.ID
+		}
+	}
+	t.Fatalf("no token for sandbox %q or name %q", sandboxID, name)
+	return ""
+}
+
+// endsUnauthenticated waits for stream s to end and checks it ended
+// refusing the credential, with no message after the revocation that
+// bad says must not arrive.
+func endsUnauthenticated[T any](t *testing.T, what string, s interface {
+	Receive() bool
+	Msg() *T
+	Err() error
+}, bad func(*T) bool) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		for s.Receive() {
+			if bad(s.Msg()) {
+				done <- fmt.Errorf("received %v after the revocation", s.Msg())
+				return
+			}
+		}
+		done <- s.Err()
+	}()
+	select {
+	case err := <-done:
+		if codeOf(err) != connect.CodeUnauthenticated {
+			t.Errorf("%s opened with a deleted token ended with %v, want unauthenticated", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s opened with a deleted token is still open 10s later", what)
+	}
+}
+
+// TestDeletedTokenEndsOpenStreams: deleting a token (corral-gateway token
+// delete, in another process) ends the streams opened with it, not only
+// new calls: a supervisor's Subscribe gets no secret rotated afterwards
+// and its PushLogs stream is refused; a user's follow and watch end.
+func TestDeletedTokenEndsOpenStreams(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	admin := g.clients(g.user, nil)
+	setSecret(t, admin, "gh-token", "ghp_firstVALUE0123456789")
+	sb, err := admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Command: []string{"agent"}, Driver: "fake", Policy: gatewaySecretPolicy}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup := g.clients(g.fake.link(sb.Msg.Id).Token, nil)
+	sub, err := sup.supervisor.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	receive(t, sub)
+	pushing := sup.supervisor.PushLogs(ctx)
+	if err := pushing.Send(&gatewayv1.LogBatch{Entries: []*gatewayv1.LogEntry{{Message: "before"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	bobSecret, _, err := auth.CreateToken(ctx, g.store, store.TokenUser, "bob", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob := g.clients(bobSecret, nil)
+	follow, err := bob.logs.Follow(ctx, connect.NewRequest(&gatewayv1.LogQuery{All: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follow.Close()
+	watch, err := bob.sandbox.Watch(ctx, connect.NewRequest(&gatewayv1.WatchSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	if !watch.Receive() {
+		t.Fatalf("watch: %v", watch.Err())
+	}
+
+	for _, id := range []string{tokenID(t, g, sb.Msg.Id, ""), tokenID(t, g, "", "bob")} {
+		if err := g.store.DeleteToken(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setSecret(t, admin, "gh-token", "ghp_rotatedAFTERrevoke0123")
+	endsUnauthenticated(t, "subscribe", sub, func(u *gatewayv1.Update) bool { return len(u.Secrets) > 0 })
+	// Send fails once the server has ended the stream; what it ended
+	// with comes from CloseAndReceive either way.
+	_ = pushing.Send(&gatewayv1.LogBatch{Entries: []*gatewayv1.LogEntry{{Message: "after"}}})
+	if _, err := pushing.CloseAndReceive(); codeOf(err) != connect.CodeUnauthenticated {
+		t.Errorf("push logs opened with a deleted token: %v, want unauthenticated", err)
+	}
+	endsUnauthenticated(t, "follow", follow, func(*gatewayv1.LogEntry) bool { return false })
+	endsUnauthenticated(t, "watch", watch, func(*gatewayv1.SandboxEvent) bool { return false })
+}

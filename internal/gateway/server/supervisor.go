@@ -298,8 +298,14 @@ func (s *Server) appendLogs(ctx context.Context, sandboxID string, entries []sto
 }
 
 // streamEnded is the error a server stream ends with when its context
-// does: the client left, or the gateway is stopping and the client should
-// reconnect.
+// does: the refusal of a credential revoked meanwhile (the auth
+// interceptor's cause), else Unavailable: the client left, or the gateway
+// is stopping and the client should reconnect.
 func streamEnded(ctx context.Context) error {
-	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("stream ended: %w", context.Cause(ctx)))
+	cause := context.Cause(ctx)
+	var ce *connect.Error
+	if errors.As(cause, &ce) {
+		return ce
+	}
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("stream ended: %w", cause))
 }
