@@ -258,3 +258,52 @@ func TestJoinTakesOnlyGrantedSecrets(t *testing.T) {
 		t.Fatalf("create taking two secrets: %v", err)
 	}
 }
+
+// TestEndedSandboxGetsNoSecrets: once a sandbox has exited or failed its
+// credential, still valid for its last log lines, receives no secret
+// value: not on a stream open before, not on rotation, not on a new
+// Subscribe.
+func TestEndedSandboxGetsNoSecrets(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	admin := g.clients(g.user, nil)
+	setSecret(t, admin, "gh-token", "ghp_firstVALUE0123456789")
+	for i, phase := range []gatewayv1.Phase{gatewayv1.Phase_PHASE_EXITED, gatewayv1.Phase_PHASE_FAILED} {
+		sb, err := admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Command: []string{"agent"}, Driver: "fake", Policy: gatewaySecretPolicy}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sup := g.clients(g.fake.link(sb.Msg.Id).Token, nil)
+		open, err := sup.supervisor.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer open.Close()
+		if got := secretMap(receive(t, open)); got["gh-token"] == "" {
+			t.Fatalf("a running sandbox got no secret: %v", got)
+		}
+		code := int32(0)
+		if _, err := sup.supervisor.ReportPhase(ctx, connect.NewRequest(&gatewayv1.ReportPhaseRequest{Phase: phase, ExitCode: &code})); err != nil {
+			t.Fatal(err)
+		}
+		rotated := fmt.Sprintf("ghp_rotatedAFTERend%05d", i)
+		setSecret(t, admin, "gh-token", rotated)
+		// The routes set after the rotation are the next thing the open
+		// stream sees, without the value.
+		if _, err := admin.routes.Set(ctx, connect.NewRequest(&gatewayv1.SetRoutesRequest{Yaml: routesYAML})); err != nil {
+			t.Fatal(err)
+		}
+		if u := receive(t, open); len(u.Secrets) > 0 || u.Routes == nil {
+			t.Errorf("%v sandbox's open stream got %v, want the routes and no secret", phase, u)
+		}
+		again, err := sup.supervisor.Subscribe(ctx, connect.NewRequest(&gatewayv1.SubscribeRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer again.Close()
+		if u := receive(t, again); len(u.Secrets) > 0 {
+			t.Errorf("%v sandbox's new stream got secrets %v", phase, secretMap(u))
+		}
+		push(t, sup, 0, &gatewayv1.LogEntry{Level: "info", Message: "last line"})
+	}
+}

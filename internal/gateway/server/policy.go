@@ -112,7 +112,7 @@ func (h *policyService) Set(ctx context.Context, req *connect.Request[gatewayv1.
 	if err != nil {
 		return nil, storeErr("sandbox "+id, err)
 	}
-	if sb.Phase == store.PhaseExited || sb.Phase == store.PhaseFailed {
+	if sb.Phase.Ended() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox %s has %s; its policy can no longer change", id, sb.Phase))
 	}
 	prev, err := h.s.runningPolicy(ctx, id)

@@ -115,7 +115,20 @@ func gatewaySecretNames(pv store.PolicyVersion) ([]string, error) {
 // secretValues unseals the named secrets for sandbox id's supervisor. One
 // the gateway no longer holds is left out (and logged): the supervisor
 // then says which is missing, rather than every secret being withheld.
+// A sandbox that has ended gets none: its credential stays valid so that
+// its last log lines arrive, but it has no use for a secret, and its
+// credential may be kept in the ended sandbox's state directory.
 func (s *Server) secretValues(ctx context.Context, id string, names []string) ([]*gatewayv1.SecretValue, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	sb, err := s.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, storeErr("sandbox "+id, err)
+	}
+	if sb.Phase.Ended() {
+		return nil, nil
+	}
 	var out []*gatewayv1.SecretValue
 	for _, name := range names {
 		sec, err := s.store.GetSecret(ctx, name)

@@ -192,7 +192,7 @@ func (h *supervisorService) ReportPhase(ctx context.Context, req *connect.Reques
 	if err != nil {
 		return nil, storeErr("sandbox "+p.SandboxID, err)
 	}
-	if sb.Phase == store.PhaseExited || sb.Phase == store.PhaseFailed {
+	if sb.Phase.Ended() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("sandbox %s has already %s", sb.ID, sb.Phase))
 	}
 	var code *int

@@ -26,6 +26,10 @@ const (
 	PhaseFailed       Phase = "failed"
 )
 
+// Ended reports whether a sandbox in phase p has stopped for good: exited
+// and failed are final.
+func (p Phase) Ended() bool { return p == PhaseExited || p == PhaseFailed }
+
 // Sandbox is one sandbox the gateway manages.
 type Sandbox struct {
 	ID     string
