@@ -202,3 +202,33 @@ func TestLogRetention(t *testing.T) {
 		t.Fatalf("after pruning to 3: %v", got)
 	}
 }
+
+// TestNegativeDroppedRefused: a batch claiming a negative number of
+// dropped lines is refused whole, so a supervisor can neither hide the
+// drops it reported nor make the dropped-lines counter panic.
+func TestNegativeDroppedRefused(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	id, sup := createFake(t, g, "neg")
+	push(t, sup, 500, &gatewayv1.LogEntry{Level: "info", Message: "first"})
+	s := sup.supervisor.PushLogs(ctx)
+	_ = s.Send(&gatewayv1.LogBatch{Entries: []*gatewayv1.LogEntry{{Level: "info", Message: "hidden"}}, Dropped: -1000000})
+	if _, err := s.CloseAndReceive(); codeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "negative") {
+		t.Fatalf("push with a negative dropped count: %v, want invalid argument", err)
+	}
+	q, err := g.clients(g.user, nil).logs.Query(ctx, connect.NewRequest(&gatewayv1.LogQuery{SandboxId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Msg.Dropped != 500 {
+		t.Errorf("dropped shown after a refused negative count: %d, want 500", q.Msg.Dropped)
+	}
+	for _, e := range q.Msg.Entries {
+		if e.Message == "hidden" {
+			t.Errorf("the refused batch's entry was stored: %v", e)
+		}
+	}
+	if m := get(t, g, "/metrics"); !strings.Contains(m, "corral_gateway_log_lines_dropped_total 500") {
+		t.Errorf("metrics after a refused negative count:\n%s", m)
+	}
+}

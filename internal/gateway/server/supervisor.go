@@ -219,6 +219,11 @@ func (h *supervisorService) PushLogs(ctx context.Context, stream *connect.Client
 	var accepted int64
 	for stream.Receive() {
 		b := stream.Msg()
+		// A negative count would take real drops off what users are
+		// shown, and the dropped-lines counter cannot go down.
+		if b.Dropped < 0 {
+			return nil, invalid("dropped %d: the number of log lines dropped cannot be negative", b.Dropped)
+		}
 		entries := make([]store.LogEntry, 0, len(b.Entries))
 		for _, e := range b.Entries {
 			entries = append(entries, pushedEntry(p.SandboxID, e))
