@@ -157,7 +157,7 @@ certificate signed by the gateway's CA, which authenticates as user N.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", "", "user name the certificate authenticates as")
+	cmd.Flags().StringVar(&name, "name", "", "user name the certificate authenticates as and its files are named by (letters, digits, '.', '_', '@', '-')")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write the certificate, key and CA into")
 	return cmd
 }

@@ -1,9 +1,11 @@
 package auth
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/corral-sandbox/corral/internal/gateway/store"
@@ -89,5 +91,37 @@ func TestAllowedFailsClosed(t *testing.T) {
 		if got := Allowed(tc.kind, tc.proc); got != tc.want {
 			t.Errorf("Allowed(%s, %s) = %v", tc.kind, tc.proc, got)
 		}
+	}
+}
+
+// TestIssueClientNames: a client certificate's name is a user name and
+// the files' names in the output directory, so one that could reach
+// outside it (a separator, "..") or is not a plain name is refused and
+// nothing is written.
+func TestIssueClientNames(t *testing.T) {
+	p, err := EnsurePKI(filepath.Join(t.TempDir(), "tls"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	out := filepath.Join(base, "out")
+	for _, name := range []string{"../escaped", "a/b", "..", ".hidden", "a..b", "/abs", "tab\tname", "esc\x1b[2J", strings.Repeat("n", 65)} {
+		if _, err := p.IssueClient(name, out); err == nil || !strings.Contains(err.Error(), "--name") {
+			t.Errorf("IssueClient(%q): %v, want a refusal naming --name", name, err)
+		}
+	}
+	var written []string
+	_ = filepath.WalkDir(base, func(path string, d fs.DirEntry, _ error) error {
+		if !d.IsDir() {
+			written = append(written, path)
+		}
+		return nil
+	})
+	if len(written) > 0 {
+		t.Fatalf("refused names wrote %q", written)
+	}
+	path, err := p.IssueClient("carol.smith@example", out)
+	if err != nil || path != filepath.Join(out, "carol.smith@example.pem") {
+		t.Fatalf("a plain name: %q, %v", path, err)
 	}
 }

@@ -15,7 +15,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -171,11 +173,19 @@ func (p *PKI) issue(certPath, keyPath, cn string, names []string, usage x509.Ext
 	return writePEM(certPath, "CERTIFICATE", der, 0o644)
 }
 
+// clientName is what a client certificate's user may be called. The name
+// is also the certificate's and key's file name in the output directory,
+// so it can hold no path separator and cannot start with a dot.
+var clientName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+
 // IssueClient writes a client certificate for user name, its key and the
 // CA certificate into outDir, and returns the certificate's path.
 func (p *PKI) IssueClient(name, outDir string) (string, error) {
 	if name == "" {
 		return "", errors.New("a client certificate needs --name")
+	}
+	if !clientName.MatchString(name) || strings.Contains(name, "..") {
+		return "", fmt.Errorf("--name %q: use letters, digits, '.', '_', '@' and '-' (at most 64, starting with a letter or digit, no \"..\"): it names the user and the files written into --out", name)
 	}
 	if err := os.MkdirAll(outDir, 0o700); err != nil {
 		return "", fmt.Errorf("output dir: %w", err)
