@@ -20,12 +20,15 @@ type Authenticator struct {
 	Store store.Store
 	// Now is the clock for token expiry; nil means time.Now.
 	Now func() time.Time
+	// Refused, when set, is told the code of each call Require refuses.
+	Refused func(connect.Code)
 }
 
 type tlsKey struct{}
 
-// WithTLS is HTTP middleware that hands the connection's TLS state to the
-// interceptor, which connect does not expose to handlers.
+// WithTLS is HTTP middleware that puts the connection's TLS state in the
+// request's context, where Authenticate finds it: connect gives a stream's
+// interceptor no request, only its context.
 func WithTLS(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil {
@@ -107,26 +110,65 @@ func (a *Authenticator) check(ctx context.Context, procedure string, header http
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
-	if !Allowed(p.Kind, procedure) {
-		return nil, connect.NewError(connect.CodePermissionDenied,
-			fmt.Errorf("a %s credential may not call %s", p.Kind, procedure))
+	if err := authorize(p, procedure); err != nil {
+		return nil, err
 	}
 	return WithPrincipal(ctx, p), nil
 }
 
-// Interceptor returns the connect interceptor that authenticates and
-// authorizes every unary and streaming call before its handler runs.
+func authorize(p Principal, procedure string) error {
+	if !Allowed(p.Kind, procedure) {
+		return connect.NewError(connect.CodePermissionDenied,
+			fmt.Errorf("a %s credential may not call %s", p.Kind, procedure))
+	}
+	return nil
+}
+
+// Require is HTTP middleware for the API's handlers: it authenticates and
+// authorizes a call from its headers alone (connect's procedure is the
+// URL path), and refuses it in the caller's protocol before the handler
+// reads, and maybe inflates, a byte of its body, so that whoever can reach
+// the port cannot make the gateway decode messages for nothing. The
+// principal goes into the request's context for the interceptor and the
+// handlers.
+func (a *Authenticator) Require(next http.Handler) http.Handler {
+	errs := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, err := a.check(r.Context(), r.URL.Path, r.Header)
+		if err != nil {
+			if a.Refused != nil {
+				a.Refused(connect.CodeOf(err))
+			}
+			_ = errs.Write(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// Interceptor returns the connect interceptor that makes sure every call
+// comes with the principal Require found and that it may call the
+// procedure, and keeps checking a stream's credential while it is open.
 func (a *Authenticator) Interceptor() connect.Interceptor { return interceptor{a} }
 
 type interceptor struct{ a *Authenticator }
+
+// authorized returns the principal Require put in ctx if it may call
+// procedure; it fails closed when the handlers were served without Require.
+func authorized(ctx context.Context, procedure string) (Principal, error) {
+	p, ok := FromContext(ctx)
+	if !ok {
+		return Principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no principal: the API is served without auth.Require"))
+	}
+	return p, authorize(p, procedure)
+}
 
 func (i interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		ctx, err := i.a.check(ctx, req.Spec().Procedure, req.Header())
-		if err != nil {
+		if _, err := authorized(ctx, req.Spec().Procedure); err != nil {
 			return nil, err
 		}
 		return next(ctx, req)
@@ -147,7 +189,7 @@ const recheckEvery = 2 * time.Second
 func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		procedure, header := conn.Spec().Procedure, conn.RequestHeader()
-		ctx, err := i.a.check(ctx, procedure, header)
+		p, err := authorized(ctx, procedure)
 		if err != nil {
 			return err
 		}
@@ -157,7 +199,6 @@ func (i interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) con
 			_, err := i.a.check(ctx, procedure, header)
 			return err
 		}, checked: time.Now()}
-		p, _ := FromContext(ctx)
 		// A sandbox credential's stream carries secret values and sends
 		// rarely: every message is checked, so a revoked credential gets
 		// not one more. A user's may send thousands of log lines a second.

@@ -1,11 +1,17 @@
 package server
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -470,4 +476,80 @@ func TestDeletedTokenEndsOpenStreams(t *testing.T) {
 	}
 	endsUnauthenticated(t, "follow", follow, func(*gatewayv1.LogEntry) bool { return false })
 	endsUnauthenticated(t, "watch", watch, func(*gatewayv1.SandboxEvent) bool { return false })
+}
+
+// countingBody is a request body that counts the bytes read from it.
+type countingBody struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *countingBody) Close() error { return nil }
+
+// TestRefusedCallBodyNotRead: a call without a valid credential, or one
+// its credential may not make, is refused in its own protocol before a
+// byte of its body is read, so nobody who can reach the port makes the
+// gateway read, inflate or decode messages; each refusal is counted by
+// code. A message is capped at 1 MiB even for a user.
+func TestRefusedCallBodyNotRead(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	id, _ := createFake(t, g, "s")
+	sandboxToken := g.fake.link(id).Token
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	if _, err := zw.Write(bytes.Repeat([]byte("#"), 8<<20)); err != nil {
+		t.Fatal(err)
+	}
+	zw.Close()
+	h := g.srv.Handler()
+	for _, tc := range []struct {
+		name, authz, contentType string
+		status                   int
+		grpcStatus               string
+	}{
+		{"no credential, connect", "", "application/proto", http.StatusUnauthorized, ""},
+		{"unknown token, connect", "Bearer cgw_u_nosuchtoken", "application/proto", http.StatusUnauthorized, ""},
+		{"no credential, grpc", "", "application/grpc", http.StatusOK, "16"},
+		{"sandbox token on a user procedure", "Bearer " + sandboxToken, "application/proto", http.StatusForbidden, ""},
+	} {
+		body := &countingBody{r: bytes.NewReader(zipped.Bytes())}
+		req := httptest.NewRequestWithContext(ctx, "POST", "/corral.gateway.v1.PolicyService/Set", body)
+		req.Header.Set("Content-Type", tc.contentType)
+		if tc.contentType == "application/grpc" {
+			req.Header.Set("Grpc-Encoding", "gzip")
+		} else {
+			req.Header.Set("Content-Encoding", "gzip")
+		}
+		if tc.authz != "" {
+			req.Header.Set("Authorization", tc.authz)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != tc.status || rec.Header().Get("Grpc-Status") != tc.grpcStatus {
+			t.Errorf("%s: HTTP %d grpc-status %q, want %d %q", tc.name, rec.Code, rec.Header().Get("Grpc-Status"), tc.status, tc.grpcStatus)
+		}
+		if n := body.n.Load(); n > 0 {
+			t.Errorf("%s: refused after reading %d bytes of the body", tc.name, n)
+		}
+	}
+
+	m := get(t, g, "/metrics")
+	for _, want := range []string{`corral_gateway_rpc_refused_total{code="unauthenticated"} 3`, `corral_gateway_rpc_refused_total{code="permission_denied"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	admin := g.clients(g.user, nil)
+	_, err := admin.policy.Set(ctx, connect.NewRequest(&gatewayv1.SetPolicyRequest{SandboxId: "x", Yaml: "version: 1\n" + strings.Repeat("#", 2<<20)}))
+	if codeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a user's 2 MiB policy: %v, want resource exhausted", err)
+	}
 }

@@ -23,6 +23,7 @@ type metrics struct {
 	logsDropped        prometheus.Counter
 	connections        *prometheus.CounterVec
 	rpcDuration        *prometheus.HistogramVec
+	refused            *prometheus.CounterVec
 
 	mu      sync.Mutex
 	reasons map[string]bool // reason label values in use
@@ -62,8 +63,14 @@ func newMetrics(reg prometheus.Registerer, st store.Store) (*metrics, error) {
 			Help:    "RPC latency by procedure and result code (streams: their whole life).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"procedure", "code"}),
+		// By code only: the procedure of a refused call is whatever URL
+		// path its sender chose.
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_gateway_rpc_refused_total",
+			Help: "Calls refused before reaching a procedure (no valid credential, or one that may not call it), by code.",
+		}, []string{"code"}),
 	}
-	for _, c := range []prometheus.Collector{m.policyVersions, m.policyLoadFailures, m.logsReceived, m.logsDropped, m.connections, m.rpcDuration, phaseCollector{st}} {
+	for _, c := range []prometheus.Collector{m.policyVersions, m.policyLoadFailures, m.logsReceived, m.logsDropped, m.connections, m.rpcDuration, m.refused, phaseCollector{st}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

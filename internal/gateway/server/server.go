@@ -36,8 +36,13 @@ const DriverExternal = "external"
 const DefaultLogRetention = 100000
 
 const (
-	// maxMessageBytes bounds one request message (a log batch, a policy).
-	maxMessageBytes = 16 << 20
+	// maxMessageBytes bounds one request message: a policy, a routes
+	// document or a secret. Policies are a few kilobytes; a git policy
+	// source is capped at 1 MiB too.
+	maxMessageBytes = 1 << 20
+	// maxLogBatchBytes bounds one message to the supervisors' service,
+	// whose log batches are the largest messages the gateway takes.
+	maxLogBatchBytes = 16 << 20
 	// streamBuffer is how far a stream may fall behind the hub before it
 	// is cut off and resumes from the store.
 	streamBuffer   = 1024
@@ -153,22 +158,24 @@ func New(cfg Config) (*Server, error) {
 	if s.metrics, err = newMetrics(reg, cfg.Store); err != nil {
 		return nil, err
 	}
+	s.auth.Refused = func(c connect.Code) { s.metrics.refused.WithLabelValues(c.String()).Inc() }
 	return s, nil
 }
 
 // Handler serves the API, /metrics, /healthz and /readyz.
 func (s *Server) Handler() http.Handler {
-	opts := connect.WithHandlerOptions(
-		connect.WithInterceptors(s.metrics.interceptor(), s.auth.Interceptor()),
-		connect.WithReadMaxBytes(maxMessageBytes),
-	)
+	interceptors := connect.WithInterceptors(s.metrics.interceptor(), s.auth.Interceptor())
+	opts := connect.WithHandlerOptions(interceptors, connect.WithReadMaxBytes(maxMessageBytes))
 	mux := http.NewServeMux()
-	mux.Handle(gatewayv1connect.NewSandboxServiceHandler(&sandboxService{s}, opts))
-	mux.Handle(gatewayv1connect.NewPolicyServiceHandler(&policyService{s}, opts))
-	mux.Handle(gatewayv1connect.NewLogServiceHandler(&logService{s}, opts))
-	mux.Handle(gatewayv1connect.NewSecretServiceHandler(&secretService{s}, opts))
-	mux.Handle(gatewayv1connect.NewRouteServiceHandler(&routeService{s}, opts))
-	mux.Handle(gatewayv1connect.NewSupervisorServiceHandler(&supervisorService{s}, opts))
+	// Every API call is authenticated before connect reads its body.
+	api := func(path string, h http.Handler) { mux.Handle(path, s.auth.Require(h)) }
+	api(gatewayv1connect.NewSandboxServiceHandler(&sandboxService{s}, opts))
+	api(gatewayv1connect.NewPolicyServiceHandler(&policyService{s}, opts))
+	api(gatewayv1connect.NewLogServiceHandler(&logService{s}, opts))
+	api(gatewayv1connect.NewSecretServiceHandler(&secretService{s}, opts))
+	api(gatewayv1connect.NewRouteServiceHandler(&routeService{s}, opts))
+	api(gatewayv1connect.NewSupervisorServiceHandler(&supervisorService{s},
+		connect.WithHandlerOptions(interceptors, connect.WithReadMaxBytes(maxLogBatchBytes))))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
