@@ -321,7 +321,7 @@ func (w *ExecWatch) snapshotArgv(tgid int32) {
 	if err != nil {
 		return
 	}
-	loads, err := envLoads(int(tgid), exe)
+	loads, err := execLoads(int(tgid), exe, args[1:])
 	if err != nil {
 		return
 	}

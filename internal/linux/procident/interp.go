@@ -4,9 +4,11 @@ package procident
 
 import (
 	"errors"
+	"fmt"
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -251,16 +253,34 @@ func envLoads(pid int, exe string) (string, error) {
 	return "", nil
 }
 
+// execLoads reports why the interpreter exe, started as pid with args
+// (argv without argv[0]) and the environment its exec left, runs code
+// besides its script, or "".
+func execLoads(pid int, exe string, args []string) (string, error) {
+	if why, err := envLoads(pid, exe); why != "" || err != nil {
+		return why, err
+	}
+	if grammarOf(exe) != &python {
+		return "", nil
+	}
+	rootfd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("procident: root of pid %d: %w", pid, err)
+	}
+	defer unix.Close(rootfd)
+	if userSite(pid, args, rootfd) {
+		return "a user site directory (~/.local/lib) in its home may run code at start-up", nil
+	}
+	return "", nil
+}
+
 // userSite reports whether python, run with args, may import code from
 // a user site directory (~/.local/lib/pythonX.Y/site-packages, where
 // usercustomize.py and .pth files run at start-up): the sandbox's home is
 // writable, so one there could be the workload's. -s, -I or
 // PYTHONNOUSERSITE turn it off; a ~/.local/lib that is not there holds
 // none. rootfd is pid's root directory.
-func userSite(pid int, exe string, args []string, rootfd int) bool {
-	if grammarOf(exe) != &python {
-		return false
-	}
+func userSite(pid int, args []string, rootfd int) bool {
 	for _, a := range args {
 		if !strings.HasPrefix(a, "-") || strings.HasPrefix(a, "--") {
 			break

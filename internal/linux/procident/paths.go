@@ -43,8 +43,10 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 		if at.args, err = readArgs(pid); err != nil {
 			return nil, err
 		}
-		if at.loads, err = envLoads(pid, exe); err != nil {
-			return nil, err
+		if len(at.args) > 1 {
+			if at.loads, err = execLoads(pid, exe, at.args[1:]); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if len(at.args) <= 1 || at.loads != "" {
@@ -61,9 +63,6 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 		return nil, fmt.Errorf("procident: root of pid %d: %w", pid, err)
 	}
 	defer unix.Close(rootfd)
-	if userSite(pid, exe, at.args[1:], rootfd) {
-		return nil, nil
-	}
 
 	if !path.IsAbs(script) {
 		cwd, err := os.Readlink(proc + "/cwd")
