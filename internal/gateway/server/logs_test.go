@@ -3,9 +3,11 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -230,5 +232,36 @@ func TestNegativeDroppedRefused(t *testing.T) {
 	}
 	if m := get(t, g, "/metrics"); !strings.Contains(m, "corral_gateway_log_lines_dropped_total 500") {
 		t.Errorf("metrics after a refused negative count:\n%s", m)
+	}
+}
+
+// TestPushedEntriesBounded: a supervisor's pushed line is stored with its
+// message cut and oversized fields replaced by their size, so one
+// credential cannot pin megabytes per line in the gateway's tails; a
+// line within the bounds is stored as it came.
+func TestPushedEntriesBounded(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	id, sup := createFake(t, g, "big")
+	big := strings.Repeat("é", 2<<20)
+	fields := `{"x":"` + strings.Repeat("A", 6<<20) + `"}`
+	push(t, sup, 0, &gatewayv1.LogEntry{Level: "info", Event: strings.Repeat("e", 1000), Message: big, Fields: []byte(fields)},
+		&gatewayv1.LogEntry{Level: "info", Event: "net.connect", Message: "small", Fields: []byte(`{"host":"a.test"}`)})
+	q, err := g.clients(g.user, nil).logs.Query(ctx, connect.NewRequest(&gatewayv1.LogQuery{SandboxId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Msg.Entries) != 2 {
+		t.Fatalf("stored %d entries, want 2", len(q.Msg.Entries))
+	}
+	e, small := q.Msg.Entries[0], q.Msg.Entries[1]
+	if len(e.Event) > maxEventBytes || len(e.Message) > maxLogLineBytes+64 || !utf8.ValidString(e.Message) || !strings.Contains(e.Message, "bytes cut") {
+		t.Errorf("oversized line stored with event of %d bytes and message of %d (valid UTF-8 %v): %.80q", len(e.Event), len(e.Message), utf8.ValidString(e.Message), e.Message)
+	}
+	if string(e.Fields) != `{"fields_cut_bytes":`+strconv.Itoa(len(fields))+`}` {
+		t.Errorf("oversized fields stored as %.80q", e.Fields)
+	}
+	if small.Event != "net.connect" || small.Message != "small" || string(small.Fields) != `{"host":"a.test"}` {
+		t.Errorf("a line within the bounds changed: %v", small)
 	}
 }

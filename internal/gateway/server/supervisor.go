@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -239,16 +240,33 @@ func (h *supervisorService) PushLogs(ctx context.Context, stream *connect.Client
 	return connect.NewResponse(&gatewayv1.PushLogsResponse{Accepted: accepted}), nil
 }
 
+// Bounds on one pushed entry: the gateway keeps the last thousand entries
+// of every sandbox in memory and hands each to every follower, so one
+// credential must not be able to pin megabytes per line. Real lines
+// (audit events, the supervisor's log) are far smaller.
+const (
+	maxEventBytes    = 128
+	maxLogLineBytes  = 4 << 10
+	maxLogFieldBytes = 12 << 10
+)
+
 // pushedEntry is what the gateway stores of an entry a supervisor pushed:
-// its own sandbox id and an allowed source, whatever the entry said.
+// its own sandbox id and an allowed source, whatever the entry said, and
+// no part over its bound (a message cut, fields replaced by their size).
 func pushedEntry(sandboxID string, e *gatewayv1.LogEntry) store.LogEntry {
 	out := store.LogEntry{
 		SandboxID: sandboxID,
 		Level:     strings.ToLower(e.Level),
 		Source:    e.Source,
-		Event:     e.Event,
+		Event:     strings.ToValidUTF8(cut(e.Event, maxEventBytes), ""),
 		Message:   e.Message,
 		Fields:    e.Fields,
+	}
+	if len(out.Message) > maxLogLineBytes {
+		out.Message = strings.ToValidUTF8(cut(out.Message, maxLogLineBytes), "") + fmt.Sprintf(" … (%d bytes cut)", len(e.Message)-maxLogLineBytes)
+	}
+	if len(out.Fields) > maxLogFieldBytes {
+		out.Fields, _ = json.Marshal(map[string]int{"fields_cut_bytes": len(e.Fields)})
 	}
 	if !pushSources[out.Source] {
 		out.Source = "supervisor"
@@ -265,6 +283,17 @@ func pushedEntry(sandboxID string, e *gatewayv1.LogEntry) store.LogEntry {
 		out.Fields = nil
 	}
 	return out
+}
+
+// cut is s's first n bytes at most, not splitting a UTF-8 sequence.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // appendLogs stores entries of one sandbox and hands them to followers,
