@@ -339,6 +339,16 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 			routes, fileRoutes = *c, c
 		}
 	}
+	if fileRoutes != nil {
+		origin := "the gateway's routes"
+		if f.inferenceRoutes != "" {
+			origin = "--inference-routes " + f.inferenceRoutes
+		}
+		if err := planner.RouteKeysHidden(pl, host, origin, fileRoutes.Routes); err != nil {
+			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+			return setupFailed(err)
+		}
+	}
 	src := secrets.Sources{Getenv: os.Getenv}
 	if gw != nil {
 		src.Gateway = gw.SecretLookup()

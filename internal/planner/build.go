@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
@@ -392,12 +393,33 @@ func (b *builder) keyFilesHidden(mounts []plan.Mount) error {
 		}
 	}
 	if b.p.Inference != nil {
-		for i, r := range b.p.Inference.Routes {
-			if r.APIKey.FromFile != "" {
-				files[fmt.Sprintf("inference.routes[%d].api_key.from_file (route %q)", i, r.Name)] = r.APIKey.FromFile
-			}
+		maps.Copy(files, routeKeyFiles("inference.routes", b.p.Inference.Routes))
+	}
+	return checkKeyFiles(b.h.FS, mounts, files)
+}
+
+// RouteKeysHidden refuses routes whose api_key.from_file the sandbox pl
+// plans could read, as Build does for the policy's own routes: routes
+// from elsewhere (--inference-routes, the gateway) take the policy's
+// place once the plan is built. origin names them in the error.
+func RouteKeysHidden(pl *plan.Plan, h Host, origin string, routes []inference.Route) error {
+	return checkKeyFiles(h.FS, pl.Mounts, routeKeyFiles(origin, routes))
+}
+
+// routeKeyFiles are the routes' key files by the field that names them.
+func routeKeyFiles(origin string, routes []inference.Route) map[string]string {
+	files := map[string]string{}
+	for i, r := range routes {
+		if r.APIKey.FromFile != "" {
+			files[fmt.Sprintf("%s[%d].api_key.from_file (route %q)", origin, i, r.Name)] = r.APIKey.FromFile
 		}
 	}
+	return files
+}
+
+// checkKeyFiles refuses the first of files (by field) that a bind of
+// mounts lets the sandbox read.
+func checkKeyFiles(fsys FileSystem, mounts []plan.Mount, files map[string]string) error {
 	if len(files) == 0 {
 		return nil
 	}
@@ -409,16 +431,16 @@ func (b *builder) keyFilesHidden(mounts []plan.Mount) error {
 		t := hostTree{Mount: m, src: m.Source}
 		// corral's own sources (scratch, the CA directory) are not
 		// resolved yet; policy paths are.
-		if resolved, err := resolve(b.h.FS, m.Source, nil); err == nil {
+		if resolved, err := resolve(fsys, m.Source, nil); err == nil {
 			t.src = resolved
 		}
-		if fi, err := b.h.FS.Lstat(t.src); err == nil {
+		if fi, err := fsys.Lstat(t.src); err == nil {
 			t.fi = &fi
 		}
 		binds = append(binds, t)
 	}
 	for _, field := range slices.Sorted(maps.Keys(files)) {
-		if err := b.keyFileHidden(files[field], binds); err != nil {
+		if err := keyFileHidden(fsys, files[field], binds); err != nil {
 			return fmt.Errorf("%s %s %w; keep the file outside every path the policy exposes", field, files[field], err)
 		}
 	}
@@ -440,8 +462,8 @@ type hostTree struct {
 // resolved (not there yet, or a pipe a password manager hands over as
 // /dev/fd/N) keeps the check of its written form: the sandbox cannot
 // reach what no path leads to.
-func (b *builder) keyFileHidden(file string, binds []hostTree) error {
-	resolved, err := resolve(b.h.FS, file, nil)
+func keyFileHidden(fsys FileSystem, file string, binds []hostTree) error {
+	resolved, err := resolve(fsys, file, nil)
 	if err != nil {
 		resolved = file
 	}
@@ -456,14 +478,14 @@ func (b *builder) keyFileHidden(file string, binds []hostTree) error {
 			}
 		}
 	}
-	fi, err := b.h.FS.Lstat(resolved)
+	fi, err := fsys.Lstat(resolved)
 	if err != nil {
 		return nil
 	}
 	// The file, or a directory above it, may be a mounted tree reached
 	// by another path: the same device and inode under another name.
 	for d := resolved; ; d = filepath.Dir(d) {
-		di, err := b.h.FS.Lstat(d)
+		di, err := fsys.Lstat(d)
 		if err != nil {
 			break
 		}

@@ -52,26 +52,34 @@ func TestKeyFilesReadableInsideRefused(t *testing.T) {
 			// aux, and a directory of keys in aux the sandbox cannot see.
 			policy func(sec, link, keys string) string
 			want   string // in corral's error, {W} the workdir; "" for a run that starts
+			// routes, when set, is given the same and is passed as
+			// --inference-routes.
+			routes func(sec, link, keys string) string
 		}{
 			{"secret in the workdir", func(sec, _, _ string) string {
 				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(sec, "gh"))
-			}, "secrets.GH_TOKEN.from_file {W}/.secrets/gh is inside {W}, which the sandbox mounts (workdir)"},
+			}, "secrets.GH_TOKEN.from_file {W}/.secrets/gh is inside {W}, which the sandbox mounts (workdir)", nil},
 			{"secret through a symlink", func(_, link, _ string) string {
 				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(link, "gh"))
-			}, "resolves to {W}/.secrets/gh, which is inside {W}, which the sandbox mounts (workdir)"},
+			}, "resolves to {W}/.secrets/gh, which is inside {W}, which the sandbox mounts (workdir)", nil},
 			{"secret hard-linked into the workdir", func(_, _, keys string) string {
 				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(keys, "gh-link"))
-			}, "has 2 hard links"},
+			}, "has 2 hard links", nil},
 			{"inference key in the workdir", func(sec, _, _ string) string {
 				return fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(sec, "openai"))
-			}, `inference.routes[0].api_key.from_file (route "hosted") {W}/.secrets/openai is inside {W}`},
+			}, `inference.routes[0].api_key.from_file (route "hosted") {W}/.secrets/openai is inside {W}`, nil},
 			{"inference key through a symlink", func(_, link, _ string) string {
 				return fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(link, "openai"))
-			}, "resolves to {W}/.secrets/openai, which is inside {W}"},
+			}, "resolves to {W}/.secrets/openai, which is inside {W}", nil},
+			{"inference key in the workdir, --inference-routes", func(_, _, _ string) string {
+				return "network:\n  mode: proxy\n"
+			}, `--inference-routes {A}/routes.yaml[0].api_key.from_file (route "hosted") {W}/.secrets/openai is inside {W}`, func(sec, _, _ string) string {
+				return strings.TrimPrefix(fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(sec, "openai")), "network:\n  mode: proxy\ninference:\n")
+			}},
 			{"keys outside every mount", func(_, _, keys string) string {
 				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(keys, "gh")) +
 					strings.TrimPrefix(fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(keys, "openai")), "network:\n  mode: proxy\n")
-			}, ""},
+			}, "", nil},
 		} {
 			t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 				fx := newFixture(t, m)
@@ -104,10 +112,18 @@ func TestKeyFilesReadableInsideRefused(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				flags := []string{"--env", "W=" + fx.W}
+				if tc.routes != nil {
+					routes := filepath.Join(fx.aux, "routes.yaml")
+					if err := os.WriteFile(routes, []byte(tc.routes(sec, link, keys)), 0o644); err != nil {
+						t.Fatal(err)
+					}
+					flags = append(flags, "--inference-routes", routes)
+				}
 				r := runCorral(t, fx, runOpts{
 					args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "kf.sh")},
 					policy: basePolicy(tc.policy(sec, link, keys)),
-					flags:  []string{"--env", "W=" + fx.W},
+					flags:  flags,
 				})
 				for _, real := range []string{realGH, realAI} {
 					if strings.Contains(r.stdout, real) {
@@ -120,7 +136,7 @@ func TestKeyFilesReadableInsideRefused(t *testing.T) {
 					}
 					return
 				}
-				want := strings.ReplaceAll(tc.want, "{W}", fx.W)
+				want := strings.NewReplacer("{W}", fx.W, "{A}", fx.aux).Replace(tc.want)
 				if r.code != 125 || strings.Contains(r.stdout, "=== end") || !strings.Contains(r.stderr, want) ||
 					!strings.Contains(r.stderr, "keep the file outside every path the policy exposes") {
 					t.Errorf("want exit 125 before the workload runs, saying %q and how to fix it\n%s", want, r)
