@@ -81,7 +81,7 @@ and the network plan. Nothing is started.`,
 			if len(args) == 1 {
 				path = args[0]
 			}
-			wd, err := resolveWorkdir(workdir)
+			wd, _, err := resolveWorkdir(workdir)
 			if err != nil {
 				return err
 			}

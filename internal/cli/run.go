@@ -203,7 +203,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if f.timeout < 0 {
 		return setupFailed(fmt.Errorf("--timeout %s: must be positive", f.timeout))
 	}
-	workdir, err := resolveWorkdir(f.workdir)
+	workdir, namedWorkdir, err := resolveWorkdir(f.workdir)
 	if err != nil {
 		return setupFailed(err)
 	}
@@ -294,6 +294,18 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
+	}
+	// A symlink an earlier sandbox could have planted where it could
+	// write (its working directory, say) must not choose where this one
+	// writes: `cd build && corral run` with build -> ~ would hand it the
+	// home directory.
+	if err := planner.PlantedLink(host, namedWorkdir, statedir.WritableBefore(state)); err != nil {
+		err = fmt.Errorf("working directory %s: %w; an earlier sandbox could write there: if %s is meant, name it with --workdir", namedWorkdir, err, workdir)
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
+		return setupFailed(err)
+	}
+	if err := statedir.RecordWritable(state, writableSources(pl, state)); err != nil {
+		log.Warn("could not record the directories this sandbox can write, which later runs check their working directory against", "err", err)
 	}
 	tr.Step("stale state swept, plan built")
 	if len(pl.PathDropped) > 0 {
@@ -460,24 +472,40 @@ func loadPolicy(spec, workdir string) (*policy.Policy, error) {
 	return policy.Load(spec)
 }
 
-func resolveWorkdir(dir string) (string, error) {
-	if dir == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return "", fmt.Errorf("current directory: %w", err)
+// writableSources are the host directories pl mounts writable, but for
+// corral's own in the state directory (a run's scratch), which no later
+// working directory can lie in.
+func writableSources(pl *plan.Plan, state string) []string {
+	var dirs []string
+	for _, m := range pl.Mounts {
+		if m.Kind == plan.KindBind && !m.ReadOnly && !strings.HasPrefix(m.Source, state+"/") {
+			dirs = append(dirs, m.Source)
 		}
-		dir = wd
 	}
-	abs, err := filepath.Abs(dir)
+	return dirs
+}
+
+// resolveWorkdir returns the working directory dir names (the current one
+// if dir is empty), symlinks resolved, and the path it was reached by.
+func resolveWorkdir(dir string) (real, named string, err error) {
+	if dir == "" {
+		// Getwd gives $PWD, the path the shell reached it by, when that
+		// still names this directory.
+		if dir, err = os.Getwd(); err != nil {
+			return "", "", fmt.Errorf("current directory: %w", err)
+		}
+	}
+	named, err = filepath.Abs(dir)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	// The user named this directory, so following their symlinks is right.
-	real, err := filepath.EvalSymlinks(abs)
+	// The user named this directory, so following their symlinks is
+	// right, unless a sandbox could have planted one (see run).
+	real, err = filepath.EvalSymlinks(named)
 	if err != nil {
-		return "", fmt.Errorf("--workdir %s: %w", dir, err)
+		return "", "", fmt.Errorf("--workdir %s: %w", dir, err)
 	}
-	return real, nil
+	return real, named, nil
 }
 
 func newID() string {

@@ -819,6 +819,18 @@ func resolve(fsys FileSystem, path string, writable []string) (string, error) {
 	})
 }
 
+// PlantedLink refuses path if reaching it follows a symlink inside one of
+// roots: directories a sandbox could write, where it could have planted
+// the link.
+func PlantedLink(h Host, path string, roots []string) error {
+	_, err := resolve(h.FS, path, roots)
+	var le *linkError
+	if errors.As(err, &le) {
+		return err
+	}
+	return nil
+}
+
 type walkFS struct{ FileSystem }
 
 func (w walkFS) IsLink(p string) (bool, error) {

@@ -3,6 +3,7 @@
 // agree on one layout:
 //
 //	<state>/audit.log                      default audit log
+//	<state>/writable                       directories sandboxes could write
 //	<state>/run/<id>/                      one live sandbox (lock, root mountpoint)
 //	<state>/run/<id>/control.sock          the sandbox's control socket
 //	<state>/run/<id>/resolv.conf           /etc/resolv.conf in proxy mode

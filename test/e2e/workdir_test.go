@@ -267,3 +267,37 @@ func TestRememberedIdmapProbeFailsClosed(t *testing.T) {
 		t.Fatalf("want the run to fail at the idmapped mount (exit 125) without running the workload\n%s", r)
 	}
 }
+
+// TestPlantedSymlinkAsWorkdir: a workload makes a link in its working
+// directory to a directory it must never write (here one in aux standing
+// for the home); the user later runs from the link (cd pkg && corral
+// run). That run must refuse to start rather than mount the link's target
+// read-write, and naming the target itself with --workdir still works.
+func TestPlantedSymlinkAsWorkdir(t *testing.T) {
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		target := filepath.Join(fx.aux, "home")
+		if err := os.Mkdir(target, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := chownTree(target, m.uid, m.gid); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(fx.W, "pkg")
+		r := runCorral(t, fx, runOpts{args: []string{"/bin/ln", "-s", target, link}})
+		if r.code != 0 {
+			t.Fatalf("control: the workload could not make a link in its working directory\n%s", r)
+		}
+		r = runCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c", "echo planted > marker"}, flags: []string{"--workdir", link}})
+		if r.code != 125 || !strings.Contains(r.stderr, "an earlier sandbox could write there") {
+			t.Errorf("a working directory reached through a planted link: want a refusal to start\n%s", r)
+		}
+		if _, err := os.Stat(filepath.Join(target, "marker")); err == nil {
+			t.Errorf("the workload wrote the link's target")
+		}
+		r = runCorral(t, fx, runOpts{args: []string{"/bin/true"}, flags: []string{"--workdir", target}})
+		if r.code != 0 {
+			t.Errorf("the target named itself: want the run to start\n%s", r)
+		}
+	})
+}
