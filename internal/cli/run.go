@@ -373,7 +373,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	tr.Step("policy compiled, secrets loaded")
 	var eg *assemble.Egress
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(compiled, fileRoutes, pl, masked, f, id, aud, log)
+		eg, err = newEgress(compiled, fileRoutes, pl, host, masked, f, id, aud, log)
 		if err != nil {
 			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 			return setupFailed(err)
@@ -564,7 +564,7 @@ func parseTrustedCIDRs(in []string) ([]netip.Prefix, error) {
 
 // newEgress checks proxy mode's flags and hands what they say, with the
 // policy, the plan's limits and the secrets, to the egress assembly.
-func newEgress(p *policy.Compiled, routes *inference.Config, pl *plan.Plan, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
+func newEgress(p *policy.Compiled, routes *inference.Config, pl *plan.Plan, host planner.Host, masked *secrets.Set, f runFlags, id string, aud *audit.Logger, log *slog.Logger) (*assemble.Egress, error) {
 	var rules []byte
 	if f.policyRules != "" {
 		var err error
@@ -584,6 +584,7 @@ func newEgress(p *policy.Compiled, routes *inference.Config, pl *plan.Plan, mask
 	return assemble.New(assemble.Config{
 		ID: id, Policy: p, Rules: rules, UpstreamDNS: f.upstreamDNS, UpstreamRoots: roots,
 		Secrets: masked, Inference: routes, Limits: pl.Limits, Audit: aud, Log: log,
+		RouteKeys: func(origin string, rs []inference.Route) error { return planner.RouteKeysHidden(pl, host, origin, rs) },
 	})
 }
 

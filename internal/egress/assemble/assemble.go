@@ -63,6 +63,11 @@ type Config struct {
 	// policy's model routes for the whole run (reloads do not change
 	// them); nil keeps the policy's.
 	Inference *inference.Config
+	// RouteKeys refuses model routes whose key files the sandbox could
+	// read (planner.RouteKeysHidden on the run's plan); routes a reload
+	// or the gateway brings in are checked with it before they are put
+	// in force. nil checks none.
+	RouteKeys func(origin string, routes []inference.Route) error
 	// Limits are the plan's: Connections and TunnelIdleMS bound the
 	// tunnels.
 	Limits plan.Limits

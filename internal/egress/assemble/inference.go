@@ -42,6 +42,9 @@ func (e *Egress) swapRoutes(c *policy.Compiled) error {
 	if e.cfg.Inference != nil || e.routesSet {
 		return nil
 	}
+	if err := e.routeKeys("the reloaded policy's inference.routes", c.Inference.Routes); err != nil {
+		return err
+	}
 	if err := e.router.Swap(c.Inference); err != nil {
 		return fmt.Errorf("inference routes: %w", err)
 	}
@@ -54,11 +57,22 @@ func (e *Egress) swapRoutes(c *policy.Compiled) error {
 func (e *Egress) SetRoutes(c inference.Config) error {
 	e.routesMu.Lock()
 	defer e.routesMu.Unlock()
+	if err := e.routeKeys("the gateway's routes", c.Routes); err != nil {
+		return err
+	}
 	if err := e.router.Swap(c); err != nil {
 		return fmt.Errorf("inference routes: %w", err)
 	}
 	e.routesSet = true
 	return nil
+}
+
+// routeKeys is Config.RouteKeys, or no check without one.
+func (e *Egress) routeKeys(origin string, routes []inference.Route) error {
+	if e.cfg.RouteKeys == nil {
+		return nil
+	}
+	return e.cfg.RouteKeys(origin, routes)
 }
 
 // dialBackend connects to a route's backend through the guarded dialer,

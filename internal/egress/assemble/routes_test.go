@@ -1,11 +1,13 @@
 package assemble
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress/egresstest"
 	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -75,5 +77,47 @@ func TestReloadMovesPolicyRoutes(t *testing.T) {
 	}
 	if got := modelsListed(t, e); !strings.Contains(got, "policy-model-2") {
 		t.Fatalf("after a reload: %s", got)
+	}
+}
+
+// Routes a reload or the gateway brings in whose key file the sandbox
+// could read are refused, the routes in force kept, as for any routes
+// that do not build.
+func TestRouteKeysCheckedBeforeSwap(t *testing.T) {
+	p := allowing("a.example.com")
+	p.Inference = new(modelRoute("policy-model"))
+	c, err := p.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var checked []string
+	e, err := New(Config{ID: "test", Policy: c, Audit: audit.New(&egresstest.AuditBuffer{}),
+		RouteKeys: func(origin string, rs []inference.Route) error {
+			checked = append(checked, origin)
+			for _, r := range rs {
+				if r.APIKey.FromFile != "" {
+					return errors.New("readable key file")
+				}
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readable := modelRoute("readable-key")
+	readable.Routes[0].APIKey.FromFile = "/w/.key"
+	next := allowing("a.example.com")
+	next.Inference = &readable
+	if err := e.Policy().Apply(next, "next.yaml"); err == nil {
+		t.Error("a reload with a readable route key file was put in force")
+	}
+	if err := e.SetRoutes(readable); err == nil {
+		t.Error("gateway routes with a readable key file were put in force")
+	}
+	if got := modelsListed(t, e); !strings.Contains(got, "policy-model") || strings.Contains(got, "readable-key") {
+		t.Fatalf("routes in force after the refusals: %s", got)
+	}
+	if len(checked) != 2 {
+		t.Errorf("checked %q, want the reload's and the gateway's routes", checked)
 	}
 }
