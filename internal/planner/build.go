@@ -300,6 +300,7 @@ func (b *builder) mounts() error {
 		}
 		mounts = append(mounts, m)
 	}
+	mounts = append(mounts, pinParents(mounts, targets)...)
 	u := b.pl.User
 	if !targets["/tmp"] {
 		mounts = append(mounts, plan.Mount{Kind: plan.KindTmpfs, Target: "/tmp", SizeBytes: size, Mode: 0o1777, Why: "private /tmp"})
@@ -798,6 +799,43 @@ func (b *builder) limits() error {
 	}
 	b.pl.Limits = l
 	return nil
+}
+
+// pinParents returns, for each read-only bind inside a writable one, a
+// bind of every directory between the two onto itself. The kernel
+// refuses to rename or remove a mount point, but not a directory above
+// one: without these the workload could move a directory holding the
+// read-only path away, mount and all, and build its own path in its place,
+// which the host and later runs would then find. targets gains the new
+// mounts' targets.
+func pinParents(mounts []plan.Mount, targets map[string]bool) []plan.Mount {
+	var pins []plan.Mount
+	for _, ro := range mounts {
+		if ro.Kind != plan.KindBind || !ro.ReadOnly {
+			continue
+		}
+		var w *plan.Mount
+		for i := range mounts {
+			m := &mounts[i]
+			if m.Kind == plan.KindBind && !m.ReadOnly && m.Target != ro.Target && under(ro.Target, []string{m.Target}) &&
+				(w == nil || len(m.Target) > len(w.Target)) {
+				w = m
+			}
+		}
+		if w == nil {
+			continue
+		}
+		for d := filepath.Dir(ro.Target); d != w.Target && under(d, []string{w.Target}); d = filepath.Dir(d) {
+			if targets[d] {
+				continue
+			}
+			targets[d] = true
+			rel, _ := filepath.Rel(w.Target, d)
+			pins = append(pins, plan.Mount{Kind: plan.KindBind, Source: filepath.Join(w.Source, rel), Target: d, IDMap: w.IDMap,
+				Why: "holds read-only " + ro.Target + " in place (a mount point cannot be renamed away)"})
+		}
+	}
+	return pins
 }
 
 // linkError is a symlink corral refuses to follow.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
+	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
 
@@ -345,5 +346,28 @@ func TestKeyFilesOutsideMountsAllowed(t *testing.T) {
 	h.FS.(fakeFS)["/srv/keys/openai"] = "file owner=0:0 mode=0600"
 	if _, err := Build(p, Context{Workdir: "/home/ada/proj", StateDir: "/s", ID: "x", Session: "s"}, h); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A read-only path inside a writable one has each directory between them
+// bound onto itself, so the workload cannot rename one away with the
+// read-only mount inside and build its own path in its place.
+func TestNestedReadOnlyParentsPinned(t *testing.T) {
+	h := debianHost()
+	fs := h.FS.(fakeFS)
+	fs["/home/ada/proj/ci"], fs["/home/ada/proj/ci/deploy"], fs["/home/ada/proj/ci/deploy/prod"] = "owner=1000:1000", "owner=1000:1000", "owner=1000:1000"
+	pl := buildPlan(t, "version: 1\nfilesystem_policy: {read_only: [/usr, /home/ada/proj/ci/deploy/prod]}\n", "/home/ada/proj", "", h)
+	work := planMount(pl, "/home/ada/proj")
+	for _, d := range []string{"/home/ada/proj/ci", "/home/ada/proj/ci/deploy"} {
+		m := planMount(pl, d)
+		if m == nil || m.Kind != plan.KindBind || m.ReadOnly || m.Source != d || work == nil || m.IDMap != work.IDMap {
+			t.Errorf("%s: %+v; want a writable bind of itself mapped as the workdir (%+v)", d, m, work)
+		}
+	}
+	if m := planMount(pl, "/home/ada/proj/ci/deploy/prod"); m == nil || !m.ReadOnly {
+		t.Errorf("the read-only path itself: %+v", m)
+	}
+	if planMount(pl, "/usr/lib") != nil {
+		t.Error("a read-only path outside every writable one got pins")
 	}
 }

@@ -301,3 +301,38 @@ func TestPlantedSymlinkAsWorkdir(t *testing.T) {
 		}
 	})
 }
+
+// TestNestedReadOnlyCannotBeSwapped: a read_only path inside the writable
+// workdir cannot be replaced by renaming a directory above it away and
+// building the path again: the host keeps the original for later runs and
+// host tools.
+func TestNestedReadOnlyCannotBeSwapped(t *testing.T) {
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		prot := filepath.Join(fx.W, "ci", "protected")
+		if err := os.MkdirAll(prot, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(prot, "deploy.sh"), []byte("trusted\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := chownTree(fx.W, m.uid, m.gid); err != nil {
+			t.Fatal(err)
+		}
+		pol := strings.Replace(systemPolicy(""), "/etc, /opt]", "/etc, /opt, "+prot+"]", 1)
+		script := `echo x >> ci/protected/deploy.sh 2>/dev/null && echo DIRECT-WRITE-OK
+mv ci ci-old 2>/dev/null && mkdir -p ci/protected && echo evil > ci/protected/deploy.sh && echo SWAPPED
+touch ci/new-file && echo ci-writable=ok
+cat ci/protected/deploy.sh`
+		r := runCorral(t, fx, runOpts{policy: pol, args: []string{"/bin/sh", "-c", script}})
+		if strings.Contains(r.stdout, "DIRECT-WRITE-OK") || strings.Contains(r.stdout, "SWAPPED") {
+			t.Errorf("the workload changed or swapped the read_only path\n%s", r)
+		}
+		if !strings.Contains(r.stdout, "ci-writable=ok") {
+			t.Errorf("control: the directory holding the read_only path is no longer writable\n%s", r)
+		}
+		if b, _ := os.ReadFile(filepath.Join(prot, "deploy.sh")); string(b) != "trusted\n" {
+			t.Errorf("the host's %s now holds %q\n%s", prot, b, r)
+		}
+	})
+}
