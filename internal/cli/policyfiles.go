@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,11 +13,10 @@ import (
 // (--policy, --policy-rules, --inference-routes) read-only inside the
 // sandbox where they lie in a path it can write: the same command line
 // runs them again next time, and a workload that rewrote ./policy.yaml to
-// "sandbox: disabled" would choose that run's cage. A file directly in a
-// mount's top is then safe (a mount point can be neither renamed nor
-// removed); one deeper is not, since the directory holding it can be
-// renamed away and another put in its place, so that is warned about.
-func protectPolicyFiles(p *policy.Policy, workdir string, files []string, log *slog.Logger) *policy.Policy {
+// "sandbox: disabled" would choose that run's cage. The plan keeps such a
+// file in place too: a mount point can be neither renamed nor removed,
+// and the directories above it are pinned (see the planner).
+func protectPolicyFiles(p *policy.Policy, workdir string, files []string) *policy.Policy {
 	fsp := p.FilesystemPolicy
 	writable := slices.Clone(fsp.ReadWrite)
 	if p.IncludeWorkdir() {
@@ -50,9 +48,6 @@ func protectPolicyFiles(p *policy.Policy, workdir string, files []string, log *s
 			}
 			if !slices.Contains(ro, real) {
 				ro = append(ro, real)
-			}
-			if strings.Contains(rel, "/") {
-				log.Warn("a file that decides this sandbox's policy lies in a directory the sandbox can write; it is read-only inside, but the workload could rename a directory above it and put its own file in its place for the next run: keep it outside "+root+", or use --policy git:REF:PATH", "file", real)
 			}
 			break
 		}

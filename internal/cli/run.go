@@ -289,7 +289,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
 	}
-	planPol = protectPolicyFiles(planPol, workdir, []string{policySpec, f.policyRules, f.inferenceRoutes}, log)
+	planPol = protectPolicyFiles(planPol, workdir, []string{policySpec, f.policyRules, f.inferenceRoutes})
 	pl, err := planner.Build(planPol, planner.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
