@@ -28,30 +28,45 @@ func WritableBefore(state string) []string {
 	var dirs []string
 	s := bufio.NewScanner(f)
 	for s.Scan() {
-		if d := s.Text(); filepath.IsAbs(d) {
+		if d := s.Text(); filepath.IsAbs(d) && !slices.Contains(dirs, d) {
 			dirs = append(dirs, d)
 		}
 	}
 	return dirs
 }
 
-// RecordWritable adds dirs to the record, each once, keeping the newest
-// maxWritable. The file is replaced whole (written beside and renamed),
-// so a reader never sees half of it.
+// RecordWritable adds dirs to the record, each once. It appends, so runs
+// recording at once lose nothing; past maxWritable lines the record is
+// rewritten with the newest, each once (written beside and renamed, so a
+// reader never sees half of it).
 func RecordWritable(state string, dirs []string) error {
 	old := WritableBefore(state)
-	all := old
+	var add []string
 	for _, d := range dirs {
-		if filepath.IsAbs(d) && !slices.Contains(all, d) && !strings.Contains(d, "\n") {
-			all = append(all, d)
+		if filepath.IsAbs(d) && !strings.Contains(d, "\n") && !slices.Contains(old, d) && !slices.Contains(add, d) {
+			add = append(add, d)
 		}
 	}
-	if len(all) == len(old) {
+	if len(add) == 0 {
 		return nil
 	}
-	if len(all) > maxWritable {
-		all = all[len(all)-maxWritable:]
+	if len(old)+len(add) > maxWritable {
+		return rewriteWritable(state, append(old, add...))
 	}
+	f, err := os.OpenFile(Writable(state), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(strings.Join(add, "\n") + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// rewriteWritable replaces the record with the newest maxWritable of all.
+func rewriteWritable(state string, all []string) error {
+	all = all[max(0, len(all)-maxWritable):]
 	tmp, err := os.CreateTemp(state, ".writable-*")
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package statedir
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -21,5 +22,24 @@ func TestRecordWritable(t *testing.T) {
 	want := []string{"/home/ada/proj", "/home/ada/.cache", "/srv/w"}
 	if got := WritableBefore(state); !slices.Equal(got, want) {
 		t.Fatalf("recorded %q, want %q", got, want)
+	}
+}
+
+// Past maxWritable directories the record keeps the newest.
+func TestRecordWritableBounded(t *testing.T) {
+	state := t.TempDir()
+	var dirs []string
+	for i := range maxWritable + 10 {
+		dirs = append(dirs, fmt.Sprintf("/w/%d", i))
+	}
+	if err := RecordWritable(state, dirs[:maxWritable]); err != nil {
+		t.Fatal(err)
+	}
+	if err := RecordWritable(state, dirs[maxWritable:]); err != nil {
+		t.Fatal(err)
+	}
+	got := WritableBefore(state)
+	if len(got) != maxWritable || got[0] != dirs[10] || got[len(got)-1] != dirs[len(dirs)-1] {
+		t.Fatalf("kept %d, from %s to %s; want the newest %d", len(got), got[0], got[len(got)-1], maxWritable)
 	}
 }
