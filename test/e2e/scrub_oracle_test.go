@@ -190,7 +190,13 @@ func TestScrubDoesNotRevealPrefixes(t *testing.T) {
 		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// The host answers the last probe (the value but its last byte)
+		// with "tok=…" after it: a value ending in "t" would be whole
+		// there, and rightly replaced.
 		real := "ghp_" + randomAlnum(12)
+		for real[len(real)-1] == 't' {
+			real = "ghp_" + randomAlnum(12)
+		}
 		// Prefixes of the value past the "ghp_" the surrogate shows,
 		// each followed by its twin.
 		var probes []string
