@@ -52,16 +52,11 @@ type ExecWatch struct {
 	mu     sync.Mutex
 	gen    map[int32]uint32 // tgid -> execs seen
 	births map[int32]birth  // tgid -> its fork
-	// argv is an interpreter's command line as it was at exec, before the
-	// process ran any code of its own (it can rewrite the live one and its
-	// environment), and inherited by its forks, which share that memory's
-	// contents.
-	argv map[int32]execArgs
-	// preload says, for a process started with the dynamic loader told
-	// to load code of its caller's choosing, which variable did it; read
-	// as the exec is reported, because a preloaded library can clear the
-	// environment before the program's main, and inherited by forks.
-	preload map[int32]string
+	// seen is what each process's exec left, read as the kernel reports
+	// the exec, before the new program could change it (its argv and
+	// environment are its own memory), and inherited by its forks, which
+	// share that memory's contents.
+	seen map[int32]execRecord
 	// exe is the executable (device, inode) a process ran as of its latest
 	// reported exec, inherited by its forks: the kernel shows a new exe in
 	// /proc before it reports the exec, and a comparison with it catches an
@@ -129,7 +124,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, argv: map[int32]execArgs{}, preload: map[int32]string{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -259,15 +254,10 @@ func (w *ExecWatch) event(m []byte) {
 		} else {
 			delete(w.exe, childTgid)
 		}
-		if a, ok := w.argv[parentTgid]; ok {
-			w.argv[childTgid] = a
+		if rec, ok := w.seen[parentTgid]; ok {
+			w.seen[childTgid] = rec
 		} else {
-			delete(w.argv, childTgid)
-		}
-		if why, ok := w.preload[parentTgid]; ok {
-			w.preload[childTgid] = why
-		} else {
-			delete(w.preload, childTgid)
+			delete(w.seen, childTgid)
 		}
 	case procEventExec:
 		if len(d) < 8 {
@@ -278,8 +268,7 @@ func (w *ExecWatch) event(m []byte) {
 		}
 		tgid := u32(1)
 		w.gen[tgid]++
-		w.snapshotArgv(tgid)
-		w.snapshotPreload(tgid)
+		w.snapshot(tgid)
 		if len(w.exe) >= maxTracked {
 			w.exe, w.lost = map[int32]fileID{}, true
 		}
@@ -297,76 +286,56 @@ func (w *ExecWatch) event(m []byte) {
 		}
 		delete(w.gen, u32(1))
 		delete(w.births, u32(1))
-		delete(w.argv, u32(1))
-		delete(w.preload, u32(1))
+		delete(w.seen, u32(1))
 		delete(w.exe, u32(1))
 	}
 }
 
-// snapshotArgv records an interpreter's command line and what its
-// environment loads right after its exec:
-// the kernel reports the exec before the new program runs, and an
-// interpreter starts up for milliseconds before any script code could
-// rewrite its argv. Other programs have no script slot and are skipped.
-func (w *ExecWatch) snapshotArgv(tgid int32) {
-	delete(w.argv, tgid)
-	exe, err := exePath(int(tgid))
-	if err != nil || grammarOf(exe) == nil {
-		return
-	}
-	if len(w.argv) >= maxTracked {
-		w.argv, w.lost = map[int32]execArgs{}, true
-	}
-	args, err := readArgs(int(tgid))
-	if err != nil {
-		return
-	}
-	loads, err := execLoads(int(tgid), exe, args[1:])
-	if err != nil {
-		return
-	}
-	w.argv[tgid] = execArgs{args: args, loads: loads}
-}
-
-// snapshotPreload records whether the environment a program was started
-// with has the dynamic loader load code besides it.
-func (w *ExecWatch) snapshotPreload(tgid int32) {
-	delete(w.preload, tgid)
+// snapshot records what a program's exec left: whether its environment
+// has the dynamic loader load code besides it and, for an interpreter,
+// its command line and whether its environment or home loads code besides
+// its script. The kernel reports the exec before the new program runs; a
+// preloaded library's constructor, and far more an interpreter's start-up,
+// come after: a race corral wins, not a guarantee.
+func (w *ExecWatch) snapshot(tgid int32) {
+	delete(w.seen, tgid)
 	env, err := readEnv(int(tgid))
 	if err != nil {
 		return
 	}
-	if why := preloadVar(env); why != "" {
-		if len(w.preload) >= maxTracked {
-			w.preload, w.lost = map[int32]string{}, true
+	rec := execRecord{preload: preloadVar(env)}
+	if exe, err := exePath(int(tgid)); err == nil && grammarOf(exe) != nil {
+		args, err := readArgs(int(tgid))
+		if err != nil {
+			return
 		}
-		w.preload[tgid] = why
+		if rec.loads, err = execLoads(int(tgid), exe, args[1:], env); err != nil {
+			return
+		}
+		rec.args = args
 	}
+	if len(w.seen) >= maxTracked {
+		w.seen, w.lost = map[int32]execRecord{}, true
+	}
+	w.seen[tgid] = rec
 }
 
-// preloadAtExec is why pid's exec environment had the loader load code
-// besides the program, or "".
-func (w *ExecWatch) preloadAtExec(pid int) string {
+// execRecord is what an exec left: why its environment had the loader
+// load code besides the program ("" if it did not) and, for an
+// interpreter, its command line and why it runs code besides its script.
+type execRecord struct {
+	preload string
+	args    []string
+	loads   string
+}
+
+// atExec is what pid's exec left, when the watch saw it.
+func (w *ExecWatch) atExec(pid int) (execRecord, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.drain()
-	return w.preload[int32(pid)]
-}
-
-// execArgs is what an interpreter's exec left: its command line, and why
-// its environment makes it run code besides its script ("" if it does not).
-type execArgs struct {
-	args  []string
-	loads string
-}
-
-// argvAtExec is pid's command line as its exec left it, when known.
-func (w *ExecWatch) argvAtExec(pid int) (execArgs, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.drain()
-	a, ok := w.argv[int32(pid)]
-	return a, ok
+	rec, ok := w.seen[int32(pid)]
+	return rec, ok
 }
 
 // startedUnder reports whether child was forked by parent after parent's

@@ -135,14 +135,14 @@ time.sleep(30)
 	if env, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ"); strings.Contains(string(env), "PYTHONPATH") {
 		t.Fatalf("the rewrite did not clear the environment in /proc: %q", env)
 	}
-	at, ok := w.argvAtExec(cmd.Process.Pid)
+	at, ok := w.atExec(cmd.Process.Pid)
 	if !ok || len(at.args) < 2 || at.args[1] != "-c" {
 		t.Fatalf("argv at exec = %q, %v; want the python3 -c command line", at.args, ok)
 	}
 	if !strings.Contains(at.loads, "PYTHONPATH") {
 		t.Fatalf("loads at exec = %q; want PYTHONPATH named", at.loads)
 	}
-	if why := w.preloadAtExec(cmd.Process.Pid); !strings.Contains(why, "LD_PRELOAD") {
-		t.Fatalf("preload at exec = %q; want LD_PRELOAD named", why)
+	if !strings.Contains(at.preload, "LD_PRELOAD") {
+		t.Fatalf("preload at exec = %q; want LD_PRELOAD named", at.preload)
 	}
 }

@@ -220,19 +220,11 @@ func (g *grammar) cluster(c string) (int, bool) {
 	return 0, true
 }
 
-// envLoads reports why the environment pid started with makes the
-// interpreter exe run code besides its script, or "". NODE_OPTIONS counts
-// only when it holds one of nodeLoaders (other options change nothing
-// about what runs).
-func envLoads(pid int, exe string) (string, error) {
-	g := grammarOf(exe)
-	if g == nil {
-		return "", nil
-	}
-	env, err := readEnv(pid)
-	if err != nil {
-		return "", err
-	}
+// envLoads reports why env, the environment an interpreter with grammar
+// g started with, makes it run code besides its script, or "".
+// NODE_OPTIONS counts only when it holds one of nodeLoaders (other options
+// change nothing about what runs).
+func envLoads(g *grammar, env []string) string {
 	for _, kv := range env {
 		name, value, _ := strings.Cut(kv, "=")
 		for _, v := range codeVars[g] {
@@ -240,35 +232,35 @@ func envLoads(pid int, exe string) (string, error) {
 				continue
 			}
 			if g != &node {
-				return "its environment sets " + name, nil
+				return "its environment sets " + name
 			}
 			for _, opt := range strings.Fields(value) {
 				opt, _, _ = strings.Cut(opt, "=")
 				if slices.Contains(nodeLoaders, opt) || strings.HasPrefix(opt, "-r") {
-					return "NODE_OPTIONS holds " + opt, nil
+					return "NODE_OPTIONS holds " + opt
 				}
 			}
 		}
 	}
-	return "", nil
+	return ""
 }
 
 // execLoads reports why the interpreter exe, started as pid with args
-// (argv without argv[0]) and the environment its exec left, runs code
-// besides its script, or "".
-func execLoads(pid int, exe string, args []string) (string, error) {
-	if why, err := envLoads(pid, exe); why != "" || err != nil {
-		return why, err
-	}
-	if grammarOf(exe) != &python {
+// (argv without argv[0]) and env, runs code besides its script, or "".
+func execLoads(pid int, exe string, args, env []string) (string, error) {
+	g := grammarOf(exe)
+	if g == nil {
 		return "", nil
+	}
+	if why := envLoads(g, env); why != "" || g != &python {
+		return why, nil
 	}
 	rootfd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("procident: root of pid %d: %w", pid, err)
 	}
 	defer unix.Close(rootfd)
-	if userSite(pid, args, rootfd) {
+	if userSite(env, args, rootfd) {
 		return "a user site directory (~/.local/lib) in its home may run code at start-up", nil
 	}
 	return "", nil
@@ -280,7 +272,7 @@ func execLoads(pid int, exe string, args []string) (string, error) {
 // writable, so one there could be the workload's. -s, -I or
 // PYTHONNOUSERSITE turn it off; a ~/.local/lib that is not there holds
 // none. rootfd is pid's root directory.
-func userSite(pid int, args []string, rootfd int) bool {
+func userSite(env, args []string, rootfd int) bool {
 	for _, a := range args {
 		if !strings.HasPrefix(a, "-") || strings.HasPrefix(a, "--") {
 			break
@@ -288,10 +280,6 @@ func userSite(pid int, args []string, rootfd int) bool {
 		if strings.ContainsAny(a[1:], "sI") {
 			return false
 		}
-	}
-	env, err := readEnv(pid)
-	if err != nil {
-		return true
 	}
 	home := ""
 	for _, kv := range env {

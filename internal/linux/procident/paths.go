@@ -33,18 +33,21 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 	proc := "/proc/" + strconv.Itoa(pid)
 	// The live command line is the process's own memory, which it can
 	// rewrite; the one recorded at exec is preferred where it exists.
-	var at execArgs
-	ok := false
+	at, ok := execRecord{}, false
 	if r.Execs != nil {
-		at, ok = r.Execs.argvAtExec(pid)
+		at, ok = r.Execs.atExec(pid)
 	}
-	if !ok {
+	if !ok || at.args == nil {
 		var err error
 		if at.args, err = readArgs(pid); err != nil {
 			return nil, err
 		}
 		if len(at.args) > 1 {
-			if at.loads, err = execLoads(pid, exe, at.args[1:]); err != nil {
+			env, err := readEnv(pid)
+			if err != nil {
+				return nil, err
+			}
+			if at.loads, err = execLoads(pid, exe, at.args[1:], env); err != nil {
 				return nil, err
 			}
 		}

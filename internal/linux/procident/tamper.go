@@ -30,8 +30,8 @@ func (r *Resolver) untrusted(pid int, exe string) (string, error) {
 	// The environment as the exec left it, where the exec watch saw it:
 	// a preloaded library may have cleared the live one since.
 	if r.Execs != nil {
-		if why := r.Execs.preloadAtExec(pid); why != "" {
-			return why, nil
+		if at, ok := r.Execs.atExec(pid); ok {
+			return at.preload, nil
 		}
 	}
 	env, err := readEnv(pid)
