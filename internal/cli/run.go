@@ -289,7 +289,15 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
 	}
-	planPol = protectPolicyFiles(planPol, workdir, []string{policySpec, f.policyRules, f.inferenceRoutes})
+	// The files that chose this cage choose the next run's too, when the
+	// same command line runs again.
+	var cageFiles []string
+	for _, file := range []string{policySpec, f.policyRules, f.inferenceRoutes} {
+		if abs, err := filepath.Abs(file); file != "" && !gitsrc.IsSpec(file) && err == nil {
+			cageFiles = append(cageFiles, abs)
+		}
+	}
+	planPol = planPol.ReadOnlyWhereWritable(workdir, cageFiles)
 	pl, err := planner.Build(planPol, planner.Context{Workdir: workdir, StateDir: state, AuditLog: auditPath, ID: id, Session: f.session, Path: inheritedPath()}, host)
 	if err != nil {
 		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})

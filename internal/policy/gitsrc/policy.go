@@ -3,8 +3,6 @@ package gitsrc
 import (
 	"fmt"
 	"path/filepath"
-	"slices"
-	"strings"
 
 	"github.com/corral-sandbox/corral/internal/policy"
 )
@@ -55,47 +53,6 @@ func ForPlan(p *policy.Policy, workdir, spec string) (*policy.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s, err)
 	}
-	fp := p.FilesystemPolicy
-	ro := slices.Clone(fp.ReadOnly)
-	for _, d := range r.exposed(workdir, fp.IncludeWorkdir == nil || *fp.IncludeWorkdir, fp.ReadWrite) {
-		if !slices.Contains(ro, d) {
-			ro = append(ro, d)
-		}
-	}
-	if len(ro) == len(fp.ReadOnly) {
-		return p, nil
-	}
-	q := *p
-	q.FilesystemPolicy.ReadOnly = ro
-	return &q, nil
-}
-
-// exposed returns the repository's git files and directories that lie in
-// a directory the sandbox mounts writable.
-func (r *repo) exposed(workdir string, withWorkdir bool, readWrite []string) []string {
-	var roots []string
-	if withWorkdir {
-		roots = append(roots, workdir)
-	}
-	roots = append(roots, readWrite...)
-	for i, root := range roots {
-		if real, err := filepath.EvalSymlinks(root); err == nil {
-			roots[i] = real
-		}
-	}
-	var out []string
 	// objectDirs[0] is in commonDir; the others are alternates.
-	for _, p := range append([]string{filepath.Join(r.top, ".git"), r.gitDir, r.commonDir}, r.objectDirs[1:]...) {
-		real, err := filepath.EvalSymlinks(p)
-		if err != nil || slices.Contains(out, real) {
-			continue
-		}
-		for _, root := range roots {
-			if rel, err := filepath.Rel(root, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
-				out = append(out, real)
-				break
-			}
-		}
-	}
-	return out
+	return p.ReadOnlyWhereWritable(workdir, append([]string{filepath.Join(r.top, ".git"), r.gitDir, r.commonDir}, r.objectDirs[1:]...)), nil
 }
