@@ -105,3 +105,26 @@ func TestValidSession(t *testing.T) {
 		}
 	}
 }
+
+// The working directory is refused when a planted link leads to it, and
+// the link is only seen in the path the user reached it by: from a shell
+// that did `cd pkg`, that is $PWD, which resolveWorkdir must keep.
+func TestResolveWorkdirKeepsTheNamedPath(t *testing.T) {
+	dir := t.TempDir()
+	target, link := filepath.Join(dir, "target"), filepath.Join(dir, "pkg")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(link)
+	t.Setenv("PWD", link)
+	real, named, err := resolveWorkdir("")
+	if err != nil || real != target || named != link {
+		t.Fatalf("from cd pkg: %q named %q, %v; want %q named %q", real, named, err, target, link)
+	}
+	if real, named, err = resolveWorkdir(link); err != nil || real != target || named != link {
+		t.Fatalf("--workdir pkg: %q named %q, %v", real, named, err)
+	}
+}
