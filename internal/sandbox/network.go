@@ -112,5 +112,5 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
 	if !l.IPv6 {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
-	return s.Egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs})
+	return s.Egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs, Connects: s.connects})
 }

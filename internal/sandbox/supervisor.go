@@ -124,6 +124,9 @@ type supervisor struct {
 	// execs follows forks and execs, so an ancestor's binding goes only to
 	// what it started as that binary; nil where that cannot be watched.
 	execs *procident.ExecWatch
+	// connects records who connects each socket, from the seccomp
+	// filter's listener the init sends with MsgStarted.
+	connects *procident.ConnectLog
 }
 
 func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
@@ -220,6 +223,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			s.degraded(degradation{degradedExecTracking, fmt.Sprintf("cannot follow forks and execs (%v): a child forked before its parent exec'd an allowed binary inherits that binary's binding", err)})
 		}
 	}
+	if s.Plan.Network.Capture != nil {
+		s.connects = &procident.ConnectLog{Execs: s.execs}
+	}
 	s.Trace.Step("terminal, exec watch")
 	done := make(chan struct{})
 	clock := s.Trace.Child()
@@ -274,7 +280,12 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	if err != nil {
 		return ExitSetupFailed, err
 	}
-	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(), Seccomp: filter, Trace: clock}
+	listen := seccomp.Notifies(seccomp.NetMode(s.Plan.Seccomp.NetMode))
+	if listen && s.connects == nil {
+		return ExitSetupFailed, errors.New("the seccomp filter hands connects to the supervisor, but this sandbox has no network capture to record them for")
+	}
+	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(),
+		Seccomp: filter, SeccompListener: listen, Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
@@ -301,13 +312,13 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	// An init that cannot take this has failed or exited; the message
 	// read next says which.
 	_ = initproc.Send(sup, initproc.Message{Type: initproc.MsgProceed})
+	first, files, err := initproc.RecvFDs(sup)
 	msgs := make(chan initproc.Message, 4)
 	go readMessages(sup, msgs)
 
 	s.phase("init started")
-	first, ok := <-msgs
 	switch {
-	case !ok:
+	case err != nil:
 		<-done
 		if s.cg != nil && s.oomKilled() {
 			// A workload that fills its memory at once (a tmpfs, say) can
@@ -324,7 +335,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		<-done
 		return first.Code, &initproc.StepError{Step: first.Step, Code: first.Code, Err: errors.New(first.Error)}
 	case first.Type != initproc.MsgStarted:
+		closeAll(files)
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
+	}
+	if err := s.serveConnects(ctx, files, listen); err != nil {
+		return ExitSetupFailed, err
 	}
 	s.phase("workload running")
 	s.Trace.Step("workload running")
@@ -347,6 +362,39 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		LimitsEnforced: s.cg != nil,
 	})
 	return s.wait(ctx, term, msgs, done), nil
+}
+
+// serveConnects records the workload's connects from the seccomp
+// listener files holds, when the filter has one (listen): until then every
+// connect of the sandbox waits. A missing listener is fatal, since without
+// it no connection could be attributed.
+func (s *supervisor) serveConnects(ctx context.Context, files []*os.File, listen bool) error {
+	if !listen {
+		closeAll(files)
+		return nil
+	}
+	if len(files) != 1 {
+		closeAll(files)
+		return fmt.Errorf("sandbox init sent %d descriptors with the workload's start, want its seccomp listener", len(files))
+	}
+	// Serve owns the descriptor from here.
+	fd, err := unix.FcntlInt(files[0].Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	files[0].Close()
+	if err != nil {
+		return fmt.Errorf("seccomp listener: %w", err)
+	}
+	go func() {
+		if err := s.connects.Serve(fd, ctx.Done()); err != nil {
+			s.Log.Error("no longer recording the sandbox's connects; its connections are refused from now on", "err", err)
+		}
+	}()
+	return nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 // phase logs set-up progress with the time since start, for --log-level debug.

@@ -206,6 +206,8 @@ type Sandbox struct {
 	// (Execs may be nil where forks and execs cannot be followed).
 	InitPID int
 	Execs   *procident.ExecWatch
+	// Connects, when set, says who connected each socket.
+	Connects *procident.ConnectLog
 }
 
 // Start serves every listener until ctx ends. Every listener goes through
@@ -222,7 +224,7 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 		Learn:      learn,
 		Decider:    e.policy,
 		Dialer:     dial,
-		Identifier: &procident.Resolver{InitPID: sb.InitPID, Execs: sb.Execs},
+		Identifier: &procident.Resolver{InitPID: sb.InitPID, Execs: sb.Execs, Connects: sb.Connects},
 		Inspector: &inspect.Inspector{
 			Policy: e.policy, CA: e.ca, Dialer: dial,
 			RootCAs: c.UpstreamRoots, Audit: c.Audit, Log: c.Log, Advice: e.advice,

@@ -38,20 +38,23 @@ const (
 	maxTracked = 1 << 16
 )
 
-// birth is what a process's fork said: its parent and how many execs the
-// parent had done by then.
+// birth is what a process's fork said: its parent and the stamp of the
+// program the parent ran then.
 type birth struct {
 	parent int32
-	gen    uint32
+	gen    uint64
 }
 
 // ExecWatch records forks and execs system-wide.
 type ExecWatch struct {
 	fd int
 
-	mu     sync.Mutex
-	gen    map[int32]uint32 // tgid -> execs seen
-	births map[int32]birth  // tgid -> its fork
+	mu sync.Mutex
+	// gen stamps each process's current program: a fork or an exec
+	// gives it the next value of stamps, so no two programs share one.
+	gen    map[int32]uint64
+	stamps uint64
+	births map[int32]birth // tgid -> its fork
 	// seen is what each process's exec left, read as the kernel reports
 	// the exec, before the new program could change it (its argv and
 	// environment are its own memory), and inherited by its forks, which
@@ -124,7 +127,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint64{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -248,7 +251,7 @@ func (w *ExecWatch) event(m []byte) {
 			w.births, w.lost = map[int32]birth{}, true
 		}
 		w.births[childTgid] = birth{parent: parentTgid, gen: w.gen[parentTgid]}
-		delete(w.gen, childTgid)
+		w.stamp(childTgid)
 		if e, ok := w.exe[parentTgid]; ok {
 			w.exe[childTgid] = e
 		} else {
@@ -263,11 +266,8 @@ func (w *ExecWatch) event(m []byte) {
 		if len(d) < 8 {
 			return
 		}
-		if len(w.gen) >= maxTracked {
-			w.gen, w.lost = map[int32]uint32{}, true
-		}
 		tgid := u32(1)
-		w.gen[tgid]++
+		w.stamp(tgid)
 		w.snapshot(tgid)
 		if len(w.exe) >= maxTracked {
 			w.exe, w.lost = map[int32]fileID{}, true
@@ -336,6 +336,25 @@ func (w *ExecWatch) atExec(pid int) (execRecord, bool) {
 	w.drain()
 	rec, ok := w.seen[int32(pid)]
 	return rec, ok
+}
+
+// stamp gives tgid's program the next stamp.
+func (w *ExecWatch) stamp(tgid int32) {
+	if len(w.gen) >= maxTracked {
+		w.gen, w.lost = map[int32]uint64{}, true
+	}
+	w.stamps++
+	w.gen[tgid] = w.stamps
+}
+
+// program returns the stamp of the program pid runs now; false when the
+// watch cannot vouch for it (it lost events, or never saw pid start).
+func (w *ExecWatch) program(pid int) (uint64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	g, ok := w.gen[int32(pid)]
+	return g, ok && !w.lost && w.fd >= 0
 }
 
 // startedUnder reports whether child was forked by parent after parent's

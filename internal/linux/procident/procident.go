@@ -48,6 +48,10 @@ type Resolver struct {
 	// running its current binary; only those inherit its binding. Without
 	// it (no proc connector) every descendant does.
 	Execs *ExecWatch
+	// Connects, when set, holds who connected each socket: a connection
+	// is identified only while its connector holds the socket and runs
+	// what it ran then.
+	Connects *ConnectLog
 
 	snapMu sync.Mutex
 	snap   *snapshot
@@ -103,6 +107,11 @@ func (r *Resolver) Identify(conn net.Conn) (egress.Identity, error) {
 	refs := r.exact(client, origDst)
 	if len(refs) == 0 {
 		refs = r.current(started).sockets(listener, client, origDst)
+	}
+	if r.Connects != nil && len(refs) > 0 {
+		if err := r.Connects.vouch(refs); err != nil {
+			return egress.Identity{}, fmt.Errorf("procident: client %s: %w", client, err)
+		}
 	}
 	id, err := r.identifyRefs(refs)
 	if err != nil {

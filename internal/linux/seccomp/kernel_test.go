@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
+	"github.com/corral-sandbox/corral/internal/linux/seccomp/notify"
 )
 
 // The kernel tests re-execute the test binary: a seccomp filter cannot be
@@ -133,11 +134,28 @@ var probes = map[string]func() unix.Errno{
 		}
 		return 0
 	},
+	"connect_unheard": connectProbe,
 	"exec_elf": func() unix.Errno {
 		path := os.Getenv(childELF)
 		err := unix.Exec(path, []string{path}, nil)
 		return err.(unix.Errno)
 	},
+}
+
+// connectProbe connects a unix socket to a path that does not exist:
+// unfiltered ENOENT, and under a filter that notifies connects with no
+// listener, ENOSYS.
+func connectProbe() unix.Errno {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err.(unix.Errno)
+	}
+	defer unix.Close(fd)
+	err = unix.Connect(fd, &unix.SockaddrUnix{Name: "/nonexistent-corral-seccomp-test/sock"})
+	if err == nil {
+		return 0
+	}
+	return err.(unix.Errno)
 }
 
 func socketProbe(domain, typ, proto uintptr) func() unix.Errno {
@@ -181,7 +199,12 @@ func childMain(spec string) int {
 			fmt.Fprintln(os.Stderr, "no_new_privs:", err)
 			return 2
 		}
-		if err := install(Profile(parts[0]), NetMode(parts[1])); err != nil {
+		if parts[0] == listenFilter {
+			if err := serveConnects(NetMode(parts[1])); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 2
+			}
+		} else if err := install(Profile(parts[0]), NetMode(parts[1])); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
@@ -276,6 +299,8 @@ func TestKernelFilter(t *testing.T) {
 		{ProfileDefault, NetProxy, "clock_settime", 0, unix.SIGSYS, false},
 		{ProfileDefault, NetBlock, "exec_true", 0, 0, false},
 		{ProfileDefault, NetBlock, "glibc_thread", 0, 0, false},
+		{ProfileDefault, NetBlock, "connect_unheard", unix.ENOENT, 0, false},
+		{ProfileDefault, NetProxy, "connect_unheard", unix.ENOSYS, 0, false},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s_%s_%s", c.profile, c.mode, c.probe), func(t *testing.T) {
@@ -375,6 +400,16 @@ func TestKernelInt80Bypass(t *testing.T) {
 	}
 }
 
+// TestConnectNotified: in proxy mode the filter hands connect to its
+// listener, which sees the caller and the descriptor, and the call then
+// proceeds as the kernel would have run it.
+func TestConnectNotified(t *testing.T) {
+	requireSeccomp(t)
+	if got := runChild(t, listenFilter, string(NetProxy), "connect_unheard"); got != (childResult{errno: unix.ENOENT}) {
+		t.Fatalf("connect under a served listener: got %v, want ENOENT (the call let through)", got)
+	}
+}
+
 func TestInstallNeedsNoNewPrivs(t *testing.T) {
 	requireSeccomp(t)
 	// In a child: if Install wrongly went ahead it must not filter this process.
@@ -386,6 +421,32 @@ func TestInstallNeedsNoNewPrivs(t *testing.T) {
 	}
 }
 
+// listenFilter, as a child's profile, installs the default profile with a
+// listener and serves it, checking each call is the connect the probe
+// makes from this thread.
+const listenFilter = "listen"
+
+func serveConnects(m NetMode) error {
+	prog, err := Program(ProfileDefault, m)
+	if err != nil {
+		return err
+	}
+	fd, err := filter.Install(prog, true)
+	if err != nil {
+		return err
+	}
+	tid := unix.Gettid()
+	go func() {
+		_ = notify.Serve(fd, nil, func(c notify.Call) {
+			if c.Nr != unix.SYS_CONNECT || c.TID != tid || !notify.Valid(fd, c.ID) {
+				fmt.Fprintf(os.Stderr, "unexpected call %+v (want connect from thread %d)\n", c, tid)
+				os.Exit(3)
+			}
+		})
+	}()
+	return nil
+}
+
 // install loads profile p for m as the sandbox's init does: assembled here,
 // loaded by package filter.
 func install(p Profile, m NetMode) error {
@@ -393,5 +454,6 @@ func install(p Profile, m NetMode) error {
 	if err != nil {
 		return err
 	}
-	return filter.Install(prog)
+	_, err = filter.Install(prog, false)
+	return err
 }

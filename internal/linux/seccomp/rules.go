@@ -59,6 +59,7 @@ const (
 	retKillProcess retAction = unix.SECCOMP_RET_KILL_PROCESS
 	retErrno       retAction = unix.SECCOMP_RET_ERRNO
 	retAllow       retAction = unix.SECCOMP_RET_ALLOW
+	retNotify      retAction = unix.SECCOMP_RET_USER_NOTIF
 )
 
 type retAction uint32
@@ -71,6 +72,8 @@ func (a retAction) String() string {
 		return "allow"
 	case a == retKillProcess:
 		return "kill(SIGSYS)"
+	case a == retNotify:
+		return "notify(supervisor)"
 	case a&unix.SECCOMP_RET_ACTION_FULL == retErrno:
 		return "errno(" + unix.ErrnoName(unix.Errno(a&unix.SECCOMP_RET_DATA)) + ")"
 	}
@@ -245,13 +248,29 @@ func socketRules(m NetMode) []rule {
 	rs := []rule{{[]string{"socket", "socketpair"}, ePERM,
 		&argCond{arg: 0, argName: "domain", anyOf: alwaysDeniedFamilies},
 		"kernel configuration, raw link-layer and host-guest sockets bypass the network policy"}}
-	if m == NetBlock {
+	switch m {
+	case NetBlock:
 		rs = append(rs, rule{[]string{"socket", "socketpair"}, ePERM,
 			&argCond{arg: 0, argName: "domain", anyOf: ipFamilies},
 			"network mode block: no IP sockets"})
+	case NetProxy:
+		rs = append(rs, connectRule)
 	}
 	return rs
 }
+
+// connectRule has the supervisor note which process connects each socket
+// before the kernel connects it. Who holds a socket when its connection is
+// identified says nothing about who made it: a descriptor can be parked in
+// flight in a unix socket while an allowed program is left holding the
+// only other copy.
+var connectRule = rule{[]string{"connect"}, retNotify, nil,
+	"the supervisor records which process connects each socket, the identity its connection is decided for"}
+
+// Notifies tells whether the filter for network mode m hands calls to the
+// supervisor, which must then hold the filter's listener: without one the
+// kernel fails those calls with ENOSYS.
+func Notifies(m NetMode) bool { return m == NetProxy }
 
 func profileRules(p Profile, m NetMode) ([]rule, error) {
 	switch m {

@@ -126,11 +126,19 @@ func InitMain() int {
 	}()
 
 	<-notifying
-	pid, serr := startWorkload(cfg, stdio, tr)
+	pid, listener, serr := startWorkload(cfg, stdio, tr)
 	if serr != nil {
 		return fail(serr)
 	}
-	_ = Send(sup, Message{Type: MsgStarted, PID: pid})
+	if listener >= 0 {
+		// Until the supervisor has it, every call the filter passes to
+		// it waits; once this copy is closed, only the supervisor's
+		// answers them.
+		_ = SendFDs(sup, Message{Type: MsgStarted, PID: pid}, listener)
+		unix.Close(listener)
+	} else {
+		_ = Send(sup, Message{Type: MsgStarted, PID: pid})
+	}
 
 	for {
 		select {

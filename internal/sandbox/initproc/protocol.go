@@ -26,7 +26,7 @@ const (
 const (
 	MsgConfig  = "config"  // supervisor → init
 	MsgProceed = "proceed" // supervisor → init: its side is ready; start the workload
-	MsgStarted = "started" // init → supervisor: the workload's execve succeeded
+	MsgStarted = "started" // init → supervisor: the workload's execve succeeded; carries the seccomp listener, if any
 	MsgError   = "error"   // a set-up step failed; the workload never ran
 	MsgExited  = "exited"  // init → supervisor: the workload's wait status
 	MsgPTY     = "pty"     // init → supervisor: carries the pty master fd
@@ -51,6 +51,10 @@ type Config struct {
 	// supervisor (seccomp.Program): the init only loads it, so it links
 	// no syscall tables.
 	Seccomp []byte `json:"seccomp"`
+	// SeccompListener asks for the filter's listener, which the init
+	// hands to the supervisor with MsgStarted: the filter passes some
+	// calls to it (seccomp.Notifies).
+	SeccompListener bool `json:"seccomp_listener,omitempty"`
 	// Trace, set when corral run --trace, puts each stage's start-up
 	// steps on the supervisor's timeline.
 	Trace *trace.Clock `json:"trace,omitempty"`

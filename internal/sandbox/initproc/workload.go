@@ -32,7 +32,10 @@ import (
 // possible. The init keeps its effective capabilities (it needs CAP_SETUID
 // to fork the workload as its user) but, being non-dumpable and filtered,
 // lends the workload nothing it could reach through it.
-func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepError) {
+//
+// It returns the workload's pid and the seccomp filter's listener, or -1
+// when the filter has none.
+func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, int, *StepError) {
 	// The capability calls below are per thread; the fork comes from the
 	// thread that was checked, the one InitMain locked.
 	p := &cfg.Plan
@@ -40,34 +43,42 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepE
 	// the workdir, as in the shell the user typed the command in; the
 	// workload inherits this directory.
 	if err := unix.Chdir(p.Workdir); err != nil {
-		return 0, stepErr("enter workdir "+p.Workdir, err)
+		return 0, -1, stepErr("enter workdir "+p.Workdir, err)
 	}
 	path, err := lookPath(cfg.Argv[0], envValue(cfg.Env, "PATH"), p)
 	if err != nil {
-		return 0, asStepErr("find command", err)
+		return 0, -1, asStepErr("find command", err)
 	}
 	tr.Step("init: command found")
 	if err := narrowInherited(); err != nil {
-		return 0, stepErr("drop privileges", err)
+		return 0, -1, stepErr("drop privileges", err)
 	}
 	tr.Step("init: capabilities")
 	if _, err := landlock.Apply(landlock.Config{
 		ReadOnly: p.Landlock.ReadOnly, ReadWrite: p.Landlock.ReadWrite, ListOnly: p.Landlock.ListOnly,
 		Compat: landlock.Compatibility(p.Landlock.Compatibility),
 	}); err != nil {
-		return 0, stepErr("apply landlock", err)
+		return 0, -1, stepErr("apply landlock", err)
 	}
 	tr.Step("init: landlock")
-	if err := filter.Install(cfg.Seccomp); err != nil {
-		return 0, stepErr("install seccomp filter", err)
+	listener, err := filter.Install(cfg.Seccomp, cfg.SeccompListener)
+	if err != nil {
+		return 0, -1, stepErr("install seccomp filter", err)
+	}
+	fail := func(pid int, serr *StepError) (int, int, *StepError) {
+		if listener >= 0 {
+			unix.Close(listener)
+		}
+		return pid, -1, serr
 	}
 	if err := verifyInherited(); err != nil {
-		return 0, stepErr("verify privileges dropped", err)
+		return fail(0, stepErr("verify privileges dropped", err))
 	}
 	tr.Step("init: seccomp, verified")
-	// Only fds 0-2 may reach the workload.
+	// Only fds 0-2 may reach the workload; the listener above all, with
+	// which it could take its own connects from the supervisor.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		return 0, stepErr("close inherited descriptors", err)
+		return fail(0, stepErr("close inherited descriptors", err))
 	}
 	u := p.User
 	// Ctty names a descriptor of the child; the first one on the pty will do.
@@ -86,7 +97,7 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepE
 		if errors.Is(err, unix.ENOENT) {
 			code = 127
 		}
-		return 0, &StepError{Step: "execute " + cfg.Argv[0], Code: code, Err: err}
+		return fail(0, &StepError{Step: "execute " + cfg.Argv[0], Code: code, Err: err})
 	}
 	// What the kernel made of the ids and capabilities, read back from the
 	// running workload: it is killed before it is reported started if any
@@ -101,10 +112,10 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, *StepE
 			// rootless, an owner outside the sandbox's user namespace.
 			err = fmt.Errorf("%w: %s is execute-only for the sandbox's user, so the kernel hides the process from the init, which cannot verify it; make the file readable (chmod a+r), or run corral as root", err, path)
 		}
-		return 0, stepErr("verify the workload's privileges", err)
+		return fail(0, stepErr("verify the workload's privileges", err))
 	}
 	tr.Step("init: workload exec'd and verified")
-	return pid, nil
+	return pid, listener, nil
 }
 
 func asStepErr(step string, err error) *StepError {

@@ -54,35 +54,51 @@ func decode(b []byte) ([]unix.SockFilter, error) {
 // no_new_privs set: Install refuses to run without it even as root,
 // because then a setuid binary exec'd later would run filtered but with
 // raised privileges, and because the sandbox's init promises it.
-func Install(program []byte) error {
+//
+// With listen, the filter gets a listener (SECCOMP_FILTER_FLAG_NEW_LISTENER)
+// for the calls it hands to user space, and Install returns its descriptor;
+// otherwise it returns -1.
+func Install(program []byte, listen bool) (int, error) {
 	prog, err := decode(program)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	nnp, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
 	if err != nil {
-		return fmt.Errorf("seccomp: read no_new_privs: %w", err)
+		return -1, fmt.Errorf("seccomp: read no_new_privs: %w", err)
 	}
 	if nnp != 1 {
-		return errors.New("seccomp: no_new_privs is not set on the calling thread; set it before installing the filter")
+		return -1, errors.New("seccomp: no_new_privs is not set on the calling thread; set it before installing the filter")
+	}
+	flags := uintptr(unix.SECCOMP_FILTER_FLAG_TSYNC)
+	if listen {
+		// A listener's descriptor is the return value, where TSYNC
+		// reports a thread it could not synchronise; TSYNC_ESRCH makes
+		// that an error instead (Linux 5.7).
+		flags |= unix.SECCOMP_FILTER_FLAG_NEW_LISTENER | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	r, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
-		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	r, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	switch {
 	case e == unix.ENOSYS:
-		return fmt.Errorf("seccomp: kernel has no seccomp(2): %w", e)
+		return -1, fmt.Errorf("seccomp: kernel has no seccomp(2): %w", e)
 	case e == unix.EINVAL:
-		return fmt.Errorf("seccomp: kernel rejected the filter (seccomp filters or TSYNC unsupported, or invalid program): %w", e)
+		return -1, fmt.Errorf("seccomp: kernel rejected the filter (seccomp filters, TSYNC or, in proxy mode, user notification (Linux 5.7) unsupported, or invalid program): %w", e)
 	case e == unix.EACCES:
-		return fmt.Errorf("seccomp: kernel refused the filter (no_new_privs not set on this thread?): %w", e)
+		return -1, fmt.Errorf("seccomp: kernel refused the filter (no_new_privs not set on this thread?): %w", e)
+	case e == unix.ESRCH:
+		return -1, fmt.Errorf("seccomp: a thread has an incompatible filter; nothing was installed: %w", e)
+	case e == unix.EBUSY:
+		return -1, fmt.Errorf("seccomp: a filter with a listener is already installed; nothing was installed: %w", e)
 	case e != 0:
-		return fmt.Errorf("seccomp: install filter: %w", e)
+		return -1, fmt.Errorf("seccomp: install filter: %w", e)
+	case listen:
+		return int(r), nil
 	case r != 0:
 		// With TSYNC a positive return names a thread that could not be
 		// synchronised, and no thread got the filter.
-		return fmt.Errorf("seccomp: thread %d has an incompatible filter; nothing was installed", r)
+		return -1, fmt.Errorf("seccomp: thread %d has an incompatible filter; nothing was installed", r)
 	}
-	return nil
+	return -1, nil
 }

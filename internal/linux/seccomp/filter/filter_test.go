@@ -26,7 +26,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 // kernel takes, is refused before anything reaches seccomp(2).
 func TestInstallRefusesMalformedPrograms(t *testing.T) {
 	for _, b := range [][]byte{nil, make([]byte, 7), make([]byte, 12), make([]byte, 8*(MaxInsns+1))} {
-		if err := Install(b); err == nil || !strings.Contains(err.Error(), "instructions") {
+		if _, err := Install(b, false); err == nil || !strings.Contains(err.Error(), "instructions") {
 			t.Errorf("Install(%d bytes) = %v, want a malformed-program error", len(b), err)
 		}
 	}

@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/testutil/netlab"
+)
+
+// lendPy makes python3's connection look like curl's, three ways. parked:
+// python3 lets a curl child inherit its socket (curl sits reading its
+// config from stdin), connects, parks its own descriptor in flight in a
+// unix socket (SCM_RIGHTS) and closes it, so that curl alone holds the
+// socket while the connection is identified, then takes it back. execd:
+// python3 connects, writes its request and execs curl on the same pid,
+// which keeps the socket. threaded: a thread of python3 connects, to a
+// host any program may reach, which must work.
+const lendPy = `import array, os, socket, subprocess, sys, threading, time
+host, mode = sys.argv[1], sys.argv[2]
+addr = socket.gethostbyname(host)
+req = ("GET /%s-by-python HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (mode, host)).encode()
+def show(c):
+    try:
+        c.sendall(req)
+        print(mode.upper(), c.recv(4096).split(b"\r\n\r\n")[-1].decode())
+    except Exception as e:
+        print(mode.upper() + "-ERR", type(e).__name__, e)
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+if mode == "threaded":
+    t = threading.Thread(target=lambda: s.connect((addr, 80)))
+    t.start(); t.join(); s.settimeout(5); show(s); sys.exit(0)
+if mode == "execd":
+    s.connect((addr, 80)); s.sendall(req)
+    os.set_inheritable(s.fileno(), True)
+    os.execv("/usr/bin/curl", ["curl", "-sS", "-m", "3", "-K", "/dev/null", "http://127.0.0.1:9/"])
+os.set_inheritable(s.fileno(), True)
+curl = subprocess.Popen(["/usr/bin/curl", "-sS", "-K", "-"], stdin=subprocess.PIPE,
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(s.fileno(),))
+time.sleep(0.3)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+s.setblocking(False)
+try:
+    s.connect((addr, 80))
+except BlockingIOError:
+    pass
+fd = s.fileno()
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+s.detach(); os.close(fd)
+time.sleep(1.0)
+_, anc, _, _ = b.recvmsg(1, socket.CMSG_LEN(4))
+got = array.array("i"); got.frombytes(anc[0][2][:4])
+c = socket.socket(fileno=got[0]); c.setblocking(True); c.settimeout(5)
+show(c)
+curl.kill()
+`
+
+const lendScript = `#!/bin/bash
+cd $W
+echo "=== curl"; curl -sS -m5 --noproxy '*' http://curlonly.test/curl-itself -w ' %{http_code}\n' 2>&1
+echo "=== parked"; python3 lend.py curlonly.test parked 2>&1
+echo "=== execd"; python3 lend.py curlonly.test execd 2>&1
+echo "=== threaded"; python3 lend.py anyone.test threaded 2>&1
+echo "=== end"
+`
+
+// TestSocketLendingRefused: a connection is identified as the process that
+// connected its socket, and only while that process holds it and runs the
+// program it ran when it connected.
+func TestSocketLendingRefused(t *testing.T) {
+	requireRoot(t)
+	lab := netlab.Start(t,
+		netlab.Host{Name: "curlonly.test", Addr: netip.MustParseAddr("203.0.113.13")},
+		netlab.Host{Name: "anyone.test", Addr: netip.MustParseAddr("203.0.113.14")})
+	forEachMode(t, false, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		seen := len(lab.HTTPRequests())
+		writeOwned(t, m, filepath.Join(fx.W, "lend.sh"), []byte(lendScript), 0o755)
+		writeOwned(t, m, filepath.Join(fx.W, "lend.py"), []byte(lendPy), 0o644)
+		pol := proxyPolicy("network_policies:\n" +
+			"  curlonly:\n    endpoints:\n      - {host: curlonly.test, port: 80}\n    binaries: [{path: /usr/bin/curl}]\n" +
+			"  anyone:\n    endpoints:\n      - {host: anyone.test, port: 80}\n")
+		r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/bash", filepath.Join(fx.W, "lend.sh")},
+			policy: pol, timeout: 90 * time.Second,
+			flags: []string{"--upstream-dns", lab.DNS.String(), "--env", "W=" + fx.W}})
+		n := &netRun{t: t, r: r, sec: sections(r.stdout)}
+		if r.code != 0 || n.sec["end"] == "" {
+			t.Fatalf("the script did not complete\n%s", r)
+		}
+		t.Logf("sandbox output:\n%s\nnet events:\n%s", r.stdout, netEvents(r))
+		n.has("curl", `hello from curlonly.test GET /curl-itself 200`)
+		n.hasNot("parked", `hello from`)
+		n.has("threaded", `hello from anyone.test GET /threaded-by-python`)
+		for _, s := range lab.HTTPRequests()[seen:] {
+			if strings.HasPrefix(s.Path, "/parked-") || strings.HasPrefix(s.Path, "/execd-") {
+				t.Errorf("python3 reached curlonly.test as /usr/bin/curl: %s", s.Path)
+			}
+		}
+		events := netEvents(r)
+		for _, want := range []string{"which no longer holds it", "has run another program since it connected"} {
+			if !strings.Contains(events, want) {
+				t.Errorf("no refusal saying %q in the audit trail", want)
+			}
+		}
+	})
+}
