@@ -43,6 +43,12 @@ type Context struct {
 // nobody is the identity used when nothing better is known; it owns nothing.
 const nobody = 65534
 
+// SandboxGID is the primary group of a workload that idmapped mounts grant
+// someone else's files. No host process runs with it, so none passes the
+// kernel's check for reaching the workload's processes (/proc/PID/root,
+// ptrace), which wants its uid and its gid.
+const SandboxGID = 0x7ffd0000
+
 // Build computes the plan. It reads the host only through h, so the same
 // inputs always give the same plan.
 func Build(p *policy.Policy, c Context, h Host) (*plan.Plan, error) {
@@ -63,7 +69,7 @@ func Build(p *policy.Policy, c Context, h Host) (*plan.Plan, error) {
 		Hostname: "corral-" + c.ID,
 		Defaults: slices.Clone(p.Inherited),
 	}}
-	steps := []func() error{b.user, b.network, b.mounts, b.path, b.landlock, b.seccomp, b.limits}
+	steps := []func() error{b.user, b.network, b.mounts, b.isolate, b.path, b.landlock, b.seccomp, b.limits}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -154,6 +160,36 @@ func (b *builder) user() error {
 	slices.Sort(groups)
 	u.Groups = slices.Compact(groups)
 	b.name(u)
+	return nil
+}
+
+// isolate gives the workload corral's own primary group when an idmapped
+// mount lets it act as another owner. The workload's uid is a host uid
+// other processes share (nobody, or the user it runs as), and such a
+// process could otherwise enter the sandbox's mounts through
+// /proc/<workload pid>/root and there act as that owner too: write a
+// root-owned workdir as root, read root's 0600 files in a home entry.
+// Files the workload creates through an idmapped mount still land on disk
+// owned by the path's owner; elsewhere they get this group. Its old
+// primary group stays a supplementary one, so group permissions hold.
+func (b *builder) isolate() error {
+	u := &b.pl.User
+	if b.pl.Rootless || !slices.ContainsFunc(b.pl.Mounts, func(m plan.Mount) bool { return m.IDMap != nil }) {
+		return nil
+	}
+	old := u.GID
+	u.GID = SandboxGID
+	u.Groups = append(u.Groups, old)
+	slices.Sort(u.Groups)
+	u.Groups = slices.Compact(u.Groups)
+	u.Why += fmt.Sprintf(", in corral's sandbox group %d because idmapped mounts grant it others' files", SandboxGID)
+	for i := range b.pl.Mounts {
+		if mp := b.pl.Mounts[i].IDMap; mp != nil && mp.GID == old {
+			c := *mp
+			c.GID = SandboxGID
+			b.pl.Mounts[i].IDMap = &c
+		}
+	}
 	return nil
 }
 

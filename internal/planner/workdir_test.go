@@ -53,7 +53,7 @@ func rootlessHost(h Host) Host {
 // writable, are left alone.
 func TestIDMapDecision(t *testing.T) {
 	const writeWarning = "is read_write but not writable by uid"
-	asNobody := &idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: nobody, GID: nobody}
+	asNobody := &idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: nobody, GID: SandboxGID}
 	cases := []struct {
 		name, policy, workdir, target string
 		host                          func(*Host)
@@ -64,7 +64,7 @@ func TestIDMapDecision(t *testing.T) {
 		{name: "workdir of its user", workdir: "/home/ada/proj", target: "/home/ada/proj"},
 		{name: "root-owned read_write path, run as ada", workdir: "/home/ada/proj", target: "/srv/data",
 			policy: "version: 1\nfilesystem_policy: {read_write: [/srv/data]}\nprocess: {run_as_user: ada}\n",
-			want:   &idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: 1000, GID: 1000}},
+			want:   &idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: 1000, GID: SandboxGID}},
 		{name: "shared world-writable directory", workdir: "/home/ada/proj", target: "/srv/shared",
 			policy: "version: 1\nfilesystem_policy: {read_write: [/srv/shared]}\n",
 			host:   func(h *Host) { h.FS.(fakeFS)["/srv/shared"] = "owner=0:0 mode=0777" }},
@@ -113,6 +113,36 @@ func TestIDMapDecision(t *testing.T) {
 	}
 }
 
+// TestIdmappedWorkloadGetsSandboxGroup: a workload that idmapped mounts
+// make another owner runs with corral's sandbox group as its primary
+// group, so no host process sharing its uid can reach its mounts; one
+// without idmaps keeps its own.
+func TestIdmappedWorkloadGetsSandboxGroup(t *testing.T) {
+	cases := []struct {
+		name, workdir string
+		host          func(*Host)
+		gid           uint32
+		groups        []uint32
+	}{
+		{name: "root-owned workdir", workdir: "/root/w", gid: SandboxGID, groups: []uint32{nobody}},
+		{name: "workdir of its user", workdir: "/home/ada/proj", gid: 1000, groups: []uint32{27, 1000}},
+		{name: "no idmap possible", workdir: "/root/w", gid: nobody, groups: []uint32{nobody},
+			host: func(h *Host) { h.IDMap = fakeIDMapper{"/root/w": errors.New("unsupported")} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := debianHost()
+			if tc.host != nil {
+				tc.host(&h)
+			}
+			u := buildPlan(t, "", tc.workdir, "", h).User
+			if u.GID != tc.gid || !slices.Equal(u.Groups, tc.groups) {
+				t.Errorf("gid %d groups %v, want gid %d groups %v (%s)", u.GID, u.Groups, tc.gid, tc.groups, u.Why)
+			}
+		})
+	}
+}
+
 func homeHost() Host {
 	h := debianHost()
 	fsys := h.FS.(fakeFS)
@@ -128,7 +158,7 @@ func TestHomeEntries(t *testing.T) {
 	const pol = "version: 1\nfilesystem_policy:\n  read_only: [/usr]\n  home: [.gitconfig, .config/gh, .npmrc, .cargo/env]\n"
 	t.Run("root", func(t *testing.T) {
 		pl := buildPlan(t, pol, "/root/w", "", homeHost())
-		asNobody := &idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: nobody, GID: nobody}
+		asNobody := &idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: nobody, GID: SandboxGID}
 		for target, src := range map[string]string{
 			"/home/65534/.gitconfig": "/root/.gitconfig",
 			"/home/65534/.config/gh": "/root/.config/gh",

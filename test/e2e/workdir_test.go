@@ -7,11 +7,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
+	"github.com/corral-sandbox/corral/internal/planner"
 )
 
 // workdirPolicy has the system directories read-only and brings the
@@ -37,11 +40,18 @@ func ownedWorkdir(t *testing.T, m *mode) (*fixture, int, int) {
 	if err := chownTree(fx.W, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	mp := idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: nobody, GID: nobody}
-	if err := idmap.Probe(fx.W, mp); err != nil {
+	requireIDMap(t, fx.W)
+	return fx, 0, 0
+}
+
+// requireIDMap skips unless dir's filesystem takes the idmapped mount a
+// root-owned workdir gets.
+func requireIDMap(t *testing.T, dir string) {
+	t.Helper()
+	mp := idmap.Mapping{DiskUID: 0, DiskGID: 0, UID: nobody, GID: planner.SandboxGID}
+	if err := idmap.Probe(dir, mp); err != nil {
 		requireFeature(t, "idmapped mounts of the workdir's filesystem: "+err.Error())
 	}
-	return fx, 0, 0
 }
 
 // testHome is a home directory for corral with a .gitconfig: root's
@@ -96,8 +106,8 @@ func TestRootOwnedWorkdir(t *testing.T) {
 			explain.Env = []string{"HOME=" + home, "PATH=/usr/bin:/bin"}
 			out, err := explain.CombinedOutput()
 			for _, want := range []string{
-				fmt.Sprintf("bind  rw %s nosuid,nodev,idmap(0:0 on disk as %d:%d)  (workdir)", fx.W, nobody, nobody),
-				fmt.Sprintf("/.gitconfig from %s/.gitconfig nosuid,nodev,idmap(0:0 on disk as %d:%d)  (filesystem_policy.home)", home, nobody, nobody),
+				fmt.Sprintf("bind  rw %s nosuid,nodev,idmap(0:0 on disk as %d:%d)  (workdir)", fx.W, nobody, planner.SandboxGID),
+				fmt.Sprintf("/.gitconfig from %s/.gitconfig nosuid,nodev,idmap(0:0 on disk as %d:%d)  (filesystem_policy.home)", home, nobody, planner.SandboxGID),
 				fmt.Sprintf("skipped %s/.npmrc: does not exist on this host", home),
 			} {
 				if err != nil || !strings.Contains(string(out), want) {
@@ -335,4 +345,56 @@ cat ci/protected/deploy.sh`
 			t.Errorf("the host's %s now holds %q\n%s", prot, b, r)
 		}
 	})
+}
+
+// TestHostUserCannotEnterIdmappedWorkdir: the workload in a root-owned
+// workdir runs as nobody and, through the idmapped mount, acts as root
+// there. A host process of uid nobody must not be able to do the same
+// through /proc/<workload pid>/root: the workload's primary group is
+// corral's sandbox group, which no host process has, and the kernel wants
+// both ids to match before it lets one process into another's root.
+func TestHostUserCannotEnterIdmappedWorkdir(t *testing.T) {
+	m := getRootMode(t)
+	fx := newFixture(t, m)
+	wd, err := os.MkdirTemp(baseDir, "rootwd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(wd) })
+	if err := os.Chmod(wd, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	requireIDMap(t, wd)
+	if err := os.WriteFile(filepath.Join(wd, "root-secret"), []byte("ROOT ONLY\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tag := strconv.FormatInt(time.Now().UnixNano()%100000, 10)
+	p := startCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c", "id; echo ready; exec sleep 3" + tag}, flags: []string{"--workdir", wd}})
+	p.waitOutput("ready", 30*time.Second)
+	var pid int
+	for i := 0; i < 100 && pid == 0; i++ {
+		if ps := hostProcs("sleep", "3"+tag); len(ps) > 0 {
+			pid = ps[0]
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if pid == 0 {
+		t.Fatal("workload not found on the host")
+	}
+	dropped := filepath.Join(wd, "dropped-by-host-nobody")
+	script := fmt.Sprintf("ls /proc/%[1]d/root/ >/dev/null && echo ENTERED; cat /proc/%[1]d/root%[2]s/root-secret; echo hi > /proc/%[1]d/root%[3]s && echo WROTE", pid, wd, dropped)
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}}}
+	out, _ := cmd.CombinedOutput()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	r := p.wait()
+	if !strings.Contains(r.stdout, fmt.Sprintf("uid=%d(nobody) gid=%d", nobody, planner.SandboxGID)) {
+		t.Errorf("want the workload to run as nobody in the sandbox group\n%s", r)
+	}
+	if strings.Contains(string(out), "ENTERED") || strings.Contains(string(out), "ROOT ONLY") || strings.Contains(string(out), "WROTE") {
+		t.Errorf("host uid 65534 entered the sandbox's root through /proc/%d/root:\n%s", pid, out)
+	}
+	if _, err := os.Stat(dropped); err == nil {
+		t.Errorf("host uid 65534 created %s through /proc/%d/root", dropped, pid)
+	}
 }
