@@ -60,6 +60,7 @@ type runFlags struct {
 	timeout     time.Duration
 	env         []string
 	passEnv     []string
+	envFile     string
 	auditLog    string
 	stateDir    string
 	session     string
@@ -136,6 +137,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.DurationVar(&f.timeout, "timeout", 0, "walltime limit, overriding limits.walltime (e.g. 30s, 10m, 2h)")
 	fl.StringArrayVar(&f.env, "env", nil, "set K=V in the workload's environment (repeatable)")
 	fl.StringArrayVar(&f.passEnv, "pass-env", nil, "pass the named variable from corral's environment (repeatable)")
+	fl.StringVar(&f.envFile, "env-file", "", "set the NAME=VALUE lines of this file in the workload's environment (blank lines and # comments skipped); unlike --env, the values stay off corral's command line, which every host user can read")
 	fl.StringVar(&f.auditLog, "audit-log", "", "audit log file, JSON lines (default: STATE_DIR/audit.log)")
 	fl.StringVar(&f.stateDir, "state-dir", "", "directory for corral's host state (default: /var/lib/corral as root, else $XDG_STATE_HOME/corral)")
 	fl.StringVar(&f.session, "session", "default", "session name: groups audit events and keeps /scratch across runs with state: scratch")
@@ -192,7 +194,15 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	if !validSession(f.session) {
 		return setupFailed(fmt.Errorf("--session %q: use 1-64 letters, digits, '.', '_' or '-'", f.session))
 	}
-	extraEnv, err := parseEnvFlags(f.env, f.passEnv)
+	set := f.env
+	if f.envFile != "" {
+		lines, err := readEnvFile(f.envFile)
+		if err != nil {
+			return setupFailed(err)
+		}
+		set = slices.Concat(lines, f.env)
+	}
+	extraEnv, err := parseEnvFlags(set, f.passEnv)
 	if err != nil {
 		return setupFailed(err)
 	}
@@ -539,6 +549,29 @@ func parseEnvFlags(set, pass []string) ([]string, error) {
 			return nil, fmt.Errorf("--env %q: want NAME=VALUE", kv)
 		}
 		out = append(out, kv)
+	}
+	return out, nil
+}
+
+// readEnvFile reads --env-file: one NAME=VALUE per line; blank lines and
+// lines starting with # are skipped.
+func readEnvFile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--env-file: %w", err)
+	}
+	var out []string
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		n++
+		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+		if t := strings.TrimSpace(line); t == "" || strings.HasPrefix(t, "#") {
+			continue
+		}
+		if k, _, ok := strings.Cut(line, "="); !ok || k == "" || strings.ContainsAny(k, " \t\x00") {
+			return nil, fmt.Errorf("--env-file %s line %d: want NAME=VALUE", path, n)
+		}
+		out = append(out, line)
 	}
 	return out, nil
 }

@@ -200,12 +200,18 @@ func TestEnv(t *testing.T) {
 		// Harmless extras corral passes on.
 		"LOGNAME", "COLORTERM",
 		// Set by this test.
-		"FOO", "PASSME", "HOSTPID", "SUPPID"}
+		"FOO", "PASSME", "FROMFILE", "HOSTPID", "SUPPID"}
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
+		// In the suite's 0755 directory: rootless, corral runs as another user.
+		envFile := filepath.Join(baseDir, "env-"+m.name)
+		t.Cleanup(func() { os.Remove(envFile) })
+		if err := os.WriteFile(envFile, []byte("# set from a file\nFROMFILE=a b=c\n\nFOO=overridden by --env\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		r := runCorral(t, fx, runOpts{
 			args:  []string{fx.attack, "env"},
-			flags: []string{"--env", "FOO=bar=baz", "--pass-env", "PASSME"},
+			flags: []string{"--env-file", envFile, "--env", "FOO=bar=baz", "--pass-env", "PASSME"},
 			env: []string{"SECRET_TOKEN=s3cr3t-token", "AWS_SECRET_ACCESS_KEY=aws-s3cr3t", "SSH_AUTH_SOCK=/tmp/agent.sock",
 				"PASSME=passed", "TZ=UTC", "LC_ALL=C.UTF-8", "TERM=dumb"},
 		})
@@ -217,7 +223,7 @@ func TestEnv(t *testing.T) {
 			k, v, _ := strings.Cut(l, "=")
 			env[k] = v
 		}
-		for k, v := range map[string]string{"FOO": "bar=baz", "PASSME": "passed", "CORRAL_SANDBOX": "1",
+		for k, v := range map[string]string{"FOO": "bar=baz", "FROMFILE": "a b=c", "PASSME": "passed", "CORRAL_SANDBOX": "1",
 			"TZ": "UTC", "LC_ALL": "C.UTF-8", "TERM": "dumb"} {
 			if env[k] != v {
 				t.Errorf("workload has %s=%q, want %q", k, env[k], v)

@@ -35,6 +35,8 @@ const DefaultGrace = 5 * time.Second
 const (
 	TokenFile = "token"
 	LogFile   = "supervisor.log"
+	// EnvFile holds the environment the sandbox was created with.
+	EnvFile = "env"
 	// WorkDir is the workload's working directory when the sandbox names
 	// none: never the sandbox's directory, which holds its credential.
 	WorkDir = "work"
@@ -75,8 +77,23 @@ var (
 // Check refuses a working directory outside d.Workdirs, symbolic links
 // resolved, so a link cannot lead out of an allowed directory.
 func (d *Driver) Check(sb store.Sandbox) error {
+	if err := envLines(sb.Env); err != nil {
+		return err
+	}
 	_, err := d.workdir(sb.Workdir)
 	return err
+}
+
+// envLines refuses what the environment file cannot carry: a value with a
+// line break.
+func envLines(env []string) error {
+	for _, kv := range env {
+		if strings.ContainsAny(kv, "\r\n") {
+			k, _, _ := strings.Cut(kv, "=")
+			return fmt.Errorf("environment variable %q: a value with a line break cannot be passed to the sandbox", k)
+		}
+	}
+	return nil
 }
 
 // workdir resolves a sandbox's requested working directory, "" keeping
@@ -207,8 +224,14 @@ func (d *Driver) Create(_ context.Context, sb store.Sandbox, link driver.Link) (
 	defer null.Close()
 
 	args := append([]string{"run", "--gateway", link.URL, "--gateway-ca", link.CAFile, "--gateway-token-file", token, "--workdir", work}, d.stateArgs()...)
-	for _, kv := range sb.Env {
-		args = append(args, "--env", kv)
+	if len(sb.Env) > 0 {
+		// In a 0600 file like the token: a command line is readable by
+		// every user of the host for the whole run.
+		envFile := filepath.Join(dir, EnvFile)
+		if err := writeEnvFile(envFile, sb.Env); err != nil {
+			return "", fmt.Errorf("local driver: %w", err)
+		}
+		args = append(args, "--env-file", envFile)
 	}
 	args = append(args, "--")
 	args = append(args, sb.Command...)
@@ -243,6 +266,22 @@ func (d *Driver) Create(_ context.Context, sb store.Sandbox, link driver.Link) (
 		}
 	}()
 	return ref, nil
+}
+
+// writeEnvFile writes the sandbox's environment as corral run --env-file
+// reads it, one NAME=VALUE per line, so a value cannot hold a newline.
+func writeEnvFile(path string, env []string) error {
+	if err := envLines(env); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, kv := range env {
+		b.WriteString(kv + "\n")
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("write environment: %w", err)
+	}
+	return nil
 }
 
 // supervisorEnv is what the supervisor gets of the gateway's environment:

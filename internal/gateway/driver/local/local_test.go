@@ -55,7 +55,7 @@ func refPID(t *testing.T, ref string) int {
 func TestCreateInspectDelete(t *testing.T) {
 	data := t.TempDir()
 	d := New(fakeCorral(t, "exec sleep 60"), data)
-	sb := store.Sandbox{ID: "sb1", Command: []string{"echo", "hi there"}, Env: []string{"A=1"}}
+	sb := store.Sandbox{ID: "sb1", Command: []string{"echo", "hi there"}, Env: []string{"A=1", "API_KEY=sk-secret value"}}
 	ref, err := d.Create(context.Background(), sb, testLink)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +73,10 @@ func TestCreateInspectDelete(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(tok)) != testLink.Token {
 		t.Fatalf("token file = %q, %v", tok, err)
 	}
-	for _, name := range []string{TokenFile, LogFile} {
+	if env, err := os.ReadFile(filepath.Join(dir, EnvFile)); err != nil || string(env) != "A=1\nAPI_KEY=sk-secret value\n" {
+		t.Errorf("environment file = %q, %v", env, err)
+	}
+	for _, name := range []string{TokenFile, LogFile, EnvFile} {
 		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, %v; want mode 0600", name, fi.Mode(), err)
 		}
@@ -86,9 +89,17 @@ func TestCreateInspectDelete(t *testing.T) {
 		return err == nil && len(args) > 1
 	})
 	want := []string{"run", "--gateway", testLink.URL, "--gateway-ca", testLink.CAFile, "--gateway-token-file", filepath.Join(dir, TokenFile),
-		"--workdir", work, "--env", "A=1", "--", "echo", "hi there"}
+		"--workdir", work, "--env-file", filepath.Join(dir, EnvFile), "--", "echo", "hi there"}
 	if !slices.Equal(args, want) {
 		t.Errorf("supervisor arguments\n got %q\nwant %q", args, want)
+	}
+
+	// The values stay off the command line, which every host user reads.
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || strings.Contains(string(cmdline), "sk-secret") {
+		t.Errorf("supervisor command line %q (%v) holds an environment value", cmdline, err)
+	}
+	if err := d.Check(store.Sandbox{Env: []string{"A=line\nbreak"}}); err == nil || !strings.Contains(err.Error(), "line break") {
+		t.Errorf("Check of a value with a line break = %v, want a refusal", err)
 	}
 
 	// Detached: a session and process group of its own, no terminal, and
