@@ -25,6 +25,11 @@ type storeFlags struct {
 	database string
 }
 
+// defaultJoinTTL is how long a join token lasts unless --ttl says: it is
+// meant for one host's supervisor soon after it is made, and one left
+// lying in a script or a chat stays usable no longer than this.
+const defaultJoinTTL = 24 * time.Hour
+
 func (f *storeFlags) open(ctx context.Context) (store.Store, error) {
 	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -170,8 +175,9 @@ func newTokenCmd(sf *storeFlags) *cobra.Command {
 	var name, sandbox string
 	var join bool
 	var secrets []string
+	var ttl time.Duration
 	create := &cobra.Command{
-		Use:   "create (--name N | --sandbox ID | --join [--secret NAME]...)",
+		Use:   "create (--name N | --sandbox ID | --join [--secret NAME]...) [--ttl D]",
 		Short: "Create a token and print its secret once",
 		Long: `Create a bearer token and print its secret; only its SHA-256 is kept, so
 it cannot be shown again.
@@ -179,7 +185,10 @@ it cannot be shown again.
   --sandbox ID  a new credential for sandbox ID's supervisor
   --join        a one-time token a supervisor on another host joins with;
                 the policy it joins with may take from_gateway only the
-                secrets named by --secret NAME (repeatable), none without`,
+                secrets named by --secret NAME (repeatable), none without
+  --ttl D       refuse the token D after now (e.g. 1h, 720h); a join
+                token lasts 24h unless told otherwise, the others until
+                deleted unless given one`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			kind := store.TokenUser
@@ -199,16 +208,30 @@ it cannot be shown again.
 			case name == "":
 				return errors.New("give --name N for a user token, --sandbox ID or --join")
 			}
+			if ttl < 0 {
+				return fmt.Errorf("--ttl %s: must not be negative", ttl)
+			}
+			if !cmd.Flags().Changed("ttl") && kind == store.TokenJoin {
+				ttl = defaultJoinTTL
+			}
+			var expires time.Time
+			if ttl > 0 {
+				expires = time.Now().Add(ttl)
+			}
 			st, err := sf.open(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			secret, t, err := auth.CreateToken(cmd.Context(), st, kind, name, sandbox, secrets...)
+			secret, t, err := auth.CreateTokenUntil(cmd.Context(), st, kind, name, sandbox, expires, secrets...)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s, %s) created; its secret is shown only now:\n", t.ID, t.Kind, t.Name)
+			until := "never expires"
+			if !expires.IsZero() {
+				until = "expires " + expires.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s, %s, %s) created; its secret is shown only now:\n", t.ID, t.Kind, t.Name, until)
 			fmt.Fprintln(cmd.OutOrStdout(), secret)
 			return nil
 		},
@@ -216,6 +239,7 @@ it cannot be shown again.
 	create.Flags().StringVar(&name, "name", "", "token name (the user it authenticates as)")
 	create.Flags().StringVar(&sandbox, "sandbox", "", "make a credential for this sandbox's supervisor")
 	create.Flags().BoolVar(&join, "join", false, "make a one-time join token")
+	create.Flags().DurationVar(&ttl, "ttl", 0, "refuse the token this long after now (0 = never; join tokens default to 24h)")
 	create.Flags().StringArrayVar(&secrets, "secret", nil, "gateway secret the sandbox joining with this token may take from_gateway (repeatable; with --join)")
 
 	list := &cobra.Command{
@@ -233,13 +257,16 @@ it cannot be shown again.
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tSECRETS\tCREATED\tUSED")
+			fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tSECRETS\tCREATED\tEXPIRES\tUSED")
 			for _, t := range ts {
-				used := "-"
+				used, expires := "-", "-"
 				if !t.UsedAt.IsZero() {
 					used = t.UsedAt.Format(time.RFC3339)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), orDash(strings.Join(t.Secrets, ",")), t.CreatedAt.Format(time.RFC3339), used)
+				if !t.ExpiresAt.IsZero() {
+					expires = t.ExpiresAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), orDash(strings.Join(t.Secrets, ",")), t.CreatedAt.Format(time.RFC3339), expires, used)
 			}
 			return w.Flush()
 		},

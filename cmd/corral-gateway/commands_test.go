@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -51,6 +52,39 @@ func TestTokenCommands(t *testing.T) {
 	out, err = run(t, "token", "list", "--data", data)
 	if err != nil || !regexp.MustCompile(`join\s+host-b\s+-\s+db,gh-token\s`).MatchString(out) {
 		t.Fatalf("token list does not show the join token's secrets: %q, %v", out, err)
+	}
+	// A join token expires in a day unless --ttl says otherwise; a user
+	// token only when given one.
+	if _, err := run(t, "token", "create", "--name", "ttl-user", "--ttl", "2h", "--data", data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "token", "create", "--name", "neg", "--ttl", "-1h", "--data", data); err == nil {
+		t.Error("a negative --ttl was accepted")
+	}
+	out, err = run(t, "token", "list", "--data", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 7 {
+			continue
+		}
+		var want time.Duration
+		switch {
+		case f[1] == "join":
+			want = 24 * time.Hour
+		case f[2] == "ttl-user":
+			want = 2 * time.Hour
+		}
+		created, _ := time.Parse(time.RFC3339, f[len(f)-3])
+		expires, err := time.Parse(time.RFC3339, f[len(f)-2])
+		switch {
+		case want == 0 && f[len(f)-2] != "-":
+			t.Errorf("token %s expires (%s), want never", f[2], f[len(f)-2])
+		case want != 0 && (err != nil || expires.Sub(created) < want-time.Minute || expires.Sub(created) > want+time.Minute):
+			t.Errorf("token %s: created %s, expires %s; want %s later", f[2], f[len(f)-3], f[len(f)-2], want)
+		}
 	}
 	id := strings.Fields(strings.Split(out, "\n")[1])[0]
 	if _, err := run(t, "token", "delete", id, "--data", data); err != nil {

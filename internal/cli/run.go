@@ -83,6 +83,8 @@ type runFlags struct {
 	gateway, gatewayCA, gatewayToken string
 	name                             string
 	labels                           map[string]string
+	// gatewayHostKeys is --gateway-host-keys.
+	gatewayHostKeys bool
 }
 
 func newRunCmd() *cobra.Command {
@@ -153,6 +155,7 @@ the command cannot be executed; 127 if it was not found.`,
 	fl.BoolVar(&f.trace, "trace", false, "print each start-up step and its duration to stderr (also: "+trace.Env+"=1)")
 	fl.StringVar(&f.gateway, "gateway", os.Getenv("CORRAL_GATEWAY"), "gateway URL (https://HOST:PORT): take the policy from it, receive its updates, report to it and push the audit trail (env CORRAL_GATEWAY)")
 	fl.StringVar(&f.gatewayCA, "gateway-ca", os.Getenv("CORRAL_GATEWAY_CA"), "PEM file of the gateway's CA (env CORRAL_GATEWAY_CA)")
+	fl.BoolVar(&f.gatewayHostKeys, "gateway-host-keys", false, "let the gateway's policies and model routes take secrets and route keys from_file and from_env on this host; without it they are refused, since gateway users could read this host's files and corral's environment by naming them (from_gateway needs no such trust)")
 	fl.StringVar(&f.gatewayToken, "gateway-token-file", os.Getenv("CORRAL_GATEWAY_TOKEN_FILE"), "file holding the sandbox's gateway token, or a one-time join token (env CORRAL_GATEWAY_TOKEN_FILE)")
 	fl.StringVar(&f.name, "name", "", "name of the sandbox at the gateway, when it joins with a join token")
 	fl.StringToStringVar(&f.labels, "label", nil, "label K=V of the sandbox at the gateway, when it joins with a join token (repeatable)")
@@ -475,6 +478,7 @@ func connectGateway(cmd *cobra.Command, f runFlags, state string, argv []string,
 	return full.ConnectGateway(cmd.Context(), sandbox.GatewayOptions{
 		URL: f.gateway, CAFile: f.gatewayCA, TokenFile: f.gatewayToken, StateDir: state,
 		Name: f.name, Labels: f.labels, Argv: argv, Workdir: workdir, Policy: joinPolicy, Log: log,
+		HostKeys: f.gatewayHostKeys,
 	}, aud)
 }
 

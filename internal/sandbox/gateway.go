@@ -25,6 +25,9 @@ type GatewayOptions struct {
 	// start with when the gateway has none.
 	Policy []byte
 	Log    *slog.Logger
+	// HostKeys lets the gateway's policies and routes read keys from this
+	// host's files and corral's environment (--gateway-host-keys).
+	HostKeys bool
 }
 
 // GatewayLink is a supervisor's link to the gateway that manages its

@@ -589,11 +589,21 @@ done`},
 			t.Errorf("second join with a spent token: %v, want Unauthenticated", err)
 		}
 
+		// A gateway user cannot have a joined supervisor read its host's
+		// files (or environment) as a key: not started with
+		// --gateway-host-keys, it refuses the version.
+		g.setPolicy(t, c, jid, webPolicy("one.test")+"inference:\n  routes:\n    - {name: r, base_url: \"https://m.test/v1\", protocols: [openai_chat_completions], api_key: {from_file: /etc/hostname}}\n")
+		g.waitSandbox(t, c, jid, "v2 FAILED", 10*time.Second, policyIs(2, gatewayv1.PolicyStatus_POLICY_STATUS_FAILED))
+		v2, err := c.policy.Get(callCtx(t), connect.NewRequest(&gatewayv1.GetPolicyRequest{SandboxId: jid, Version: 2}))
+		if err != nil || !strings.Contains(v2.Msg.Error, "--gateway-host-keys") {
+			t.Errorf("v2's error %q (%v), want the refusal of a host key naming --gateway-host-keys", v2.Msg.GetError(), err)
+		}
+
 		stdout := func() string { return p.stdout.String() }
 		g.setPolicy(t, c, jid, webPolicy("two.test"))
-		g.waitSandbox(t, c, jid, "v2 LOADED", 10*time.Second, policyIs(2, gatewayv1.PolicyStatus_POLICY_STATUS_LOADED))
+		g.waitSandbox(t, c, jid, "v3 LOADED", 10*time.Second, policyIs(3, gatewayv1.PolicyStatus_POLICY_STATUS_LOADED))
 		mark := settled(stdout)
-		waitAnswers(t, "joined v2", stdout, mark, 10*time.Second, []string{"two"}, []string{"one"})
+		waitAnswers(t, "joined v3", stdout, mark, 10*time.Second, []string{"two"}, []string{"one"})
 
 		fx.signal(t, "stop")
 		if r := p.wait(); r.code != 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/policy"
@@ -14,8 +15,14 @@ import (
 // exists nowhere else afterwards. A sandbox token needs the sandbox it is
 // bound to. A join token may grant secrets: the gateway secrets the
 // sandbox joining with it may take from_gateway (none when none are
-// given); other kinds grant none.
+// given); other kinds grant none. The token never expires.
 func CreateToken(ctx context.Context, st store.Store, kind store.TokenKind, name, sandboxID string, secrets ...string) (string, store.Token, error) {
+	return CreateTokenUntil(ctx, st, kind, name, sandboxID, time.Time{}, secrets...)
+}
+
+// CreateTokenUntil is CreateToken for a token refused from expires on
+// (zero: never).
+func CreateTokenUntil(ctx context.Context, st store.Store, kind store.TokenKind, name, sandboxID string, expires time.Time, secrets ...string) (string, store.Token, error) {
 	if len(secrets) > 0 && kind != store.TokenJoin {
 		return "", store.Token{}, fmt.Errorf("only a join token grants secrets (--secret goes with --join), not a %s token", kind)
 	}
@@ -43,7 +50,7 @@ func CreateToken(ctx context.Context, st store.Store, kind store.TokenKind, name
 		return "", store.Token{}, errors.New("a token needs a name (--name)")
 	}
 	secret := NewSecret(kind)
-	t := store.Token{ID: NewID(), Name: name, Kind: kind, SandboxID: sandboxID, Hash: Hash(secret), Secrets: slices.Compact(slices.Sorted(slices.Values(secrets)))}
+	t := store.Token{ID: NewID(), Name: name, Kind: kind, SandboxID: sandboxID, Hash: Hash(secret), Secrets: slices.Compact(slices.Sorted(slices.Values(secrets))), ExpiresAt: expires}
 	if err := st.AddToken(ctx, t); err != nil {
 		return "", store.Token{}, fmt.Errorf("store token: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/corral-sandbox/corral/internal/audit"
@@ -34,6 +36,9 @@ type Gateway struct {
 	values map[string][]byte
 	// routes are the gateway's model routes at start; nil for none.
 	routes *gatewaylink.Routes
+	// hostKeys lets the gateway's documents take keys from_file and
+	// from_env on this host.
+	hostKeys bool
 }
 
 var _ sandbox.GatewayLink = (*Gateway)(nil)
@@ -51,7 +56,7 @@ func Connect(ctx context.Context, o sandbox.GatewayOptions, aud *audit.Logger) (
 	if err != nil {
 		return nil, nil, err
 	}
-	g := &Gateway{link: link, aud: aud, log: o.Log, cached: start.Cached, values: start.Secrets, routes: start.Routes}
+	g := &Gateway{link: link, aud: aud, log: o.Log, cached: start.Cached, values: start.Secrets, routes: start.Routes, hostKeys: o.HostKeys}
 	aud.Observe(link.Observe)
 	if start.Version == 0 {
 		return g, nil, nil
@@ -60,7 +65,7 @@ func Connect(ctx context.Context, o sandbox.GatewayOptions, aud *audit.Logger) (
 	if start.Cached {
 		source += " (cached: gateway unreachable)"
 	}
-	p, err := gatewayPolicy(start.YAML, source)
+	p, err := g.policy(start.YAML, source)
 	if err != nil {
 		err = fmt.Errorf("policy version %d from the gateway: %w", start.Version, err)
 		g.Finish(sandbox.ExitSetupFailed, err)
@@ -72,15 +77,61 @@ func Connect(ctx context.Context, o sandbox.GatewayOptions, aud *audit.Logger) (
 
 func gatewaySource(version int64) string { return fmt.Sprintf("gateway:v%d", version) }
 
-// gatewayPolicy parses one version the gateway holds. Each is a whole
-// policy (sections it leaves out are the built-in default's, as for a
-// file), so the sandbox runs exactly what the gateway shows as that
-// version, whatever ran before it.
-func gatewayPolicy(yaml []byte, source string) (*policy.Policy, error) {
+// policy parses one version the gateway holds. Each is a whole policy
+// (sections it leaves out are the built-in default's, as for a file), so
+// the sandbox runs exactly what the gateway shows as that version,
+// whatever ran before it.
+func (g *Gateway) policy(yaml []byte, source string) (*policy.Policy, error) {
 	if len(bytes.TrimSpace(yaml)) == 0 {
 		return policy.Default(), nil
 	}
-	return policy.Parse(yaml, source)
+	p, err := policy.Parse(yaml, source)
+	if err != nil {
+		return nil, err
+	}
+	var reads []string
+	for _, name := range slices.Sorted(maps.Keys(p.Secrets)) {
+		reads = append(reads, hostReads("secrets."+name, p.Secrets[name].FromEnv, p.Secrets[name].FromFile)...)
+	}
+	if p.Inference != nil {
+		reads = append(reads, routeReads("inference.routes", p.Inference.Routes)...)
+	}
+	if err := g.hostKeysAllowed(reads); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// hostReads names what a key source would read on this host.
+func hostReads(field, fromEnv, fromFile string) []string {
+	var out []string
+	if fromEnv != "" {
+		out = append(out, field+".from_env "+fromEnv)
+	}
+	if fromFile != "" {
+		out = append(out, field+".from_file "+fromFile)
+	}
+	return out
+}
+
+func routeReads(field string, routes []inference.Route) []string {
+	var out []string
+	for i, r := range routes {
+		out = append(out, hostReads(fmt.Sprintf("%s[%d].api_key", field, i), r.APIKey.FromEnv, r.APIKey.FromFile)...)
+	}
+	return out
+}
+
+// hostKeysAllowed refuses a gateway document that would read keys on this
+// host unless the supervisor was started to allow it: through such a key,
+// sent to a server of their choosing, gateway users would read any file of
+// this host and corral's environment.
+func (g *Gateway) hostKeysAllowed(reads []string) error {
+	if len(reads) == 0 || g.hostKeys {
+		return nil
+	}
+	return fmt.Errorf("it takes %s on this host, which a supervisor takes from the gateway only when started with --gateway-host-keys (gateway users could read this host's files and corral's environment that way); hold the value in the gateway and use from_gateway instead",
+		strings.Join(reads, ", "))
 }
 
 // CheckSecrets fails when p takes secrets from_gateway that this start
@@ -114,7 +165,7 @@ func (g *Gateway) Routes() *inference.Config {
 	if g.routes == nil {
 		return nil
 	}
-	c, err := gatewayRoutes(g.routes.YAML)
+	c, err := g.routeDoc(g.routes.YAML)
 	if err != nil {
 		g.routesFailed(g.routes.Version, 0, err)
 		return nil
@@ -130,11 +181,14 @@ func (g *Gateway) routesFailed(version int64, policyVersion int, err error) {
 	g.aud.Log(audit.PolicyReloadFailedEvent{Source: fmt.Sprintf("gateway:routes v%d", version), Version: policyVersion + 1, Error: err.Error()})
 }
 
-// gatewayRoutes reads the gateway's routes document as an
-// --inference-routes file is read.
-func gatewayRoutes(data []byte) (inference.Config, error) {
+// routeDoc reads the gateway's routes document as an --inference-routes
+// file is read.
+func (g *Gateway) routeDoc(data []byte) (inference.Config, error) {
 	c, err := inference.ParseRoutes(data)
 	if err != nil {
+		return inference.Config{}, fmt.Errorf("inference routes: %w", err)
+	}
+	if err := g.hostKeysAllowed(routeReads("routes", c.Routes)); err != nil {
 		return inference.Config{}, fmt.Errorf("inference routes: %w", err)
 	}
 	return c, nil
@@ -155,7 +209,7 @@ func (g *Gateway) handlers(t sandbox.GatewayTargets) gatewaylink.Handlers {
 	return gatewaylink.Handlers{
 		Policy: func(version int64, yaml []byte) error {
 			source := gatewaySource(version)
-			p, err := gatewayPolicy(yaml, source)
+			p, err := g.policy(yaml, source)
 			if err != nil {
 				// The reloader audits what it refuses; a version that does
 				// not even parse never reaches it.
@@ -170,7 +224,7 @@ func (g *Gateway) handlers(t sandbox.GatewayTargets) gatewaylink.Handlers {
 				g.log.Warn("model routes from the gateway not applied: "+t.RoutesFixed, "version", version)
 				return nil
 			}
-			c, err := gatewayRoutes(yaml)
+			c, err := g.routeDoc(yaml)
 			if err == nil {
 				err = t.Routes(c)
 			}

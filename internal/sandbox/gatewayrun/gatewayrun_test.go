@@ -154,3 +154,34 @@ func TestGatewayRoutesUpdate(t *testing.T) {
 		t.Errorf("no warning for routes fixed locally: %s", h.logs)
 	}
 }
+
+// TestGatewayHostKeys: a policy or routes document from the gateway that
+// reads a key from this host's files or environment is refused unless the
+// supervisor was started with --gateway-host-keys; from_gateway needs no
+// such trust.
+func TestGatewayHostKeys(t *testing.T) {
+	hostFile := strings.Replace(gatewaySecretPolicy, "from_gateway: gh-token", "from_file: /root/.ssh/id_ed25519", 1)
+	hostEnv := "version: 1\ninference:\n  routes:\n    - {name: r, base_url: \"https://m.test/v1\", protocols: [openai_chat_completions], api_key: {from_env: AWS_SECRET_ACCESS_KEY}}\n"
+	routes := "routes:\n  - {name: r, base_url: \"https://m.test/v1\", protocols: [openai_chat_completions], api_key: {from_file: /etc/shadow}}\n"
+	h := newGatewayHarness(t)
+	for _, doc := range []string{hostFile, hostEnv} {
+		if _, err := h.g.policy([]byte(doc), "gateway:v2"); err == nil || !strings.Contains(err.Error(), "--gateway-host-keys") {
+			t.Errorf("policy %q: %v, want a refusal naming --gateway-host-keys", doc, err)
+		}
+	}
+	if _, err := h.g.routeDoc([]byte(routes)); err == nil || !strings.Contains(err.Error(), "routes[0].api_key.from_file /etc/shadow") {
+		t.Errorf("routes reading /etc/shadow: %v, want refused", err)
+	}
+	if _, err := h.g.policy([]byte(gatewaySecretPolicy), "gateway:v2"); err != nil {
+		t.Errorf("from_gateway refused: %v", err)
+	}
+	h.g.hostKeys = true
+	for _, doc := range []string{hostFile, hostEnv} {
+		if _, err := h.g.policy([]byte(doc), "gateway:v2"); err != nil {
+			t.Errorf("policy %q with --gateway-host-keys: %v", doc, err)
+		}
+	}
+	if _, err := h.g.routeDoc([]byte(routes)); err != nil {
+		t.Errorf("routes with --gateway-host-keys: %v", err)
+	}
+}

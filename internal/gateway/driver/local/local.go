@@ -223,7 +223,9 @@ func (d *Driver) Create(_ context.Context, sb store.Sandbox, link driver.Link) (
 	}
 	defer null.Close()
 
-	args := append([]string{"run", "--gateway", link.URL, "--gateway-ca", link.CAFile, "--gateway-token-file", token, "--workdir", work}, d.stateArgs()...)
+	// Gateway users are trusted on this host as a corral user is (they
+	// choose the paths a policy mounts), so its keys may come from here.
+	args := append([]string{"run", "--gateway", link.URL, "--gateway-ca", link.CAFile, "--gateway-token-file", token, "--gateway-host-keys", "--workdir", work}, d.stateArgs()...)
 	if len(sb.Env) > 0 {
 		// In a 0600 file like the token: a command line is readable by
 		// every user of the host for the whole run.

@@ -89,7 +89,7 @@ func TestCreateInspectDelete(t *testing.T) {
 		return err == nil && len(args) > 1
 	})
 	want := []string{"run", "--gateway", testLink.URL, "--gateway-ca", testLink.CAFile, "--gateway-token-file", filepath.Join(dir, TokenFile),
-		"--workdir", work, "--env-file", filepath.Join(dir, EnvFile), "--", "echo", "hi there"}
+		"--gateway-host-keys", "--workdir", work, "--env-file", filepath.Join(dir, EnvFile), "--", "echo", "hi there"}
 	if !slices.Equal(args, want) {
 		t.Errorf("supervisor arguments\n got %q\nwant %q", args, want)
 	}
