@@ -42,12 +42,14 @@ type ConnectLog struct {
 	next    int
 }
 
-// connector is the process that connected a socket and what it ran then.
+// connector is the process that connected a socket and what it ran then:
+// the exec watch's stamp of its program when the watch could give one,
+// else its executable.
 type connector struct {
 	tgid    int
-	exe     fileID
 	stamp   uint64
 	stamped bool
+	exe     fileID
 }
 
 // Serve records the connects the filter's listener fd reports until no
@@ -77,16 +79,17 @@ func (l *ConnectLog) record(listener int, c notify.Call) {
 	if !ok {
 		return
 	}
-	tgid, err := tgidOf(c.TID)
-	if err != nil {
-		return
-	}
-	who := connector{tgid: tgid}
-	if who.exe, err = exeID(tgid); err != nil {
-		return
-	}
+	var who connector
 	if l.Execs != nil {
-		who.stamp, who.stamped = l.Execs.program(tgid)
+		who.tgid, who.stamp, who.stamped = l.Execs.caller(c.TID)
+	}
+	if !who.stamped {
+		if who.tgid, err = tgidOf(c.TID); err != nil {
+			return
+		}
+		if who.exe, err = exeID(who.tgid); err != nil {
+			return
+		}
 	}
 	// The numbers read above named the caller only if it is still
 	// blocked in this call: a thread that died meanwhile could have had
@@ -159,14 +162,31 @@ func (l *ConnectLog) vouch(refs []fdRef) error {
 		if !held {
 			return fmt.Errorf("socket inode %d was connected by pid %d, which no longer holds it: a connection handed to another process is refused", ref.inode, who.tgid)
 		}
-		if exe, err := exeID(who.tgid); err != nil || exe != who.exe {
+		if !who.runsStill(l.Execs) {
 			return fmt.Errorf("pid %d has run another program since it connected socket inode %d", who.tgid, ref.inode)
-		}
-		if who.stamped {
-			if now, ok := l.Execs.program(who.tgid); ok && now != who.stamp {
-				return fmt.Errorf("pid %d has run another program since it connected socket inode %d", who.tgid, ref.inode)
-			}
 		}
 	}
 	return nil
+}
+
+// runsStill tells whether the connector still runs the program it ran
+// when it connected. A stamp the watch can no longer judge (it lost
+// events since) falls back to comparing the executable, which the watch
+// recorded as of the connector's latest exec.
+func (who connector) runsStill(execs *ExecWatch) bool {
+	if who.stamped {
+		same, known := execs.runs(who.tgid, who.stamp)
+		if known {
+			return same
+		}
+		execs.mu.Lock()
+		rec, ok := execs.exe[int32(who.tgid)]
+		execs.mu.Unlock()
+		if !ok {
+			return false
+		}
+		who.exe = rec
+	}
+	exe, err := exeID(who.tgid)
+	return err == nil && exe == who.exe
 }

@@ -54,7 +54,10 @@ type ExecWatch struct {
 	// gives it the next value of stamps, so no two programs share one.
 	gen    map[int32]uint64
 	stamps uint64
-	births map[int32]birth // tgid -> its fork
+	// threads maps each thread the watch saw start, other than a
+	// process's first, to its process.
+	threads map[int32]int32
+	births  map[int32]birth // tgid -> its fork
 	// seen is what each process's exec left, read as the kernel reports
 	// the exec, before the new program could change it (its argv and
 	// environment are its own memory), and inherited by its forks, which
@@ -127,7 +130,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint64{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint64{}, threads: map[int32]int32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -245,8 +248,13 @@ func (w *ExecWatch) event(m []byte) {
 		parentTgid, childPid, childTgid := u32(1), u32(2), u32(3)
 		w.treeFork(parentTgid, childPid, childTgid)
 		if childPid != childTgid {
-			return // a thread
+			if len(w.threads) >= maxTracked {
+				w.threads, w.lost = map[int32]int32{}, true
+			}
+			w.threads[childPid] = childTgid
+			return
 		}
+		delete(w.threads, childPid)
 		if len(w.births) >= maxTracked {
 			w.births, w.lost = map[int32]birth{}, true
 		}
@@ -278,8 +286,12 @@ func (w *ExecWatch) event(m []byte) {
 			delete(w.exe, tgid)
 		}
 	case procEventExit:
-		if len(d) < 8 || u32(0) != u32(1) {
-			return // a thread
+		if len(d) < 8 {
+			return
+		}
+		if u32(0) != u32(1) {
+			delete(w.threads, u32(0))
+			return
 		}
 		if w.tree != nil && w.tree.members[u32(1)] {
 			w.tree.exited = append(w.tree.exited, u32(1))
@@ -347,14 +359,43 @@ func (w *ExecWatch) stamp(tgid int32) {
 	w.gen[tgid] = w.stamps
 }
 
-// program returns the stamp of the program pid runs now; false when the
-// watch cannot vouch for it (it lost events, or never saw pid start).
-func (w *ExecWatch) program(pid int) (uint64, bool) {
+// caller returns the process thread tid belongs to and the stamp of the
+// program it runs now, from the events alone; false when the watch cannot
+// vouch for them (it lost events, or never saw the process start). A
+// thread starts only after its creation is reported, so once drained, a
+// tid the watch did not see start as a thread is a process's first.
+func (w *ExecWatch) caller(tid int) (int, uint64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.drain()
-	g, ok := w.gen[int32(pid)]
-	return g, ok && !w.lost && w.fd >= 0
+	tgid, ok := w.threads[int32(tid)]
+	if !ok {
+		tgid = int32(tid)
+	}
+	g, ok := w.gen[tgid]
+	return int(tgid), g, ok && !w.lost && w.fd >= 0
+}
+
+// runs tells whether pid still runs the program stamped: no exec has been
+// reported since, and none is under way (the kernel shows a new exe in
+// /proc before it reports the exec). known is false when the watch can no
+// longer tell.
+func (w *ExecWatch) runs(pid int, stamp uint64) (same, known bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.drain()
+	if w.lost || w.fd < 0 {
+		return false, false
+	}
+	if w.gen[int32(pid)] != stamp {
+		return false, true
+	}
+	rec, ok := w.exe[int32(pid)]
+	if !ok {
+		return false, true
+	}
+	cur, err := exeID(pid)
+	return err == nil && cur == rec, true
 }
 
 // startedUnder reports whether child was forked by parent after parent's

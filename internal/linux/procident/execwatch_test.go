@@ -3,6 +3,7 @@
 package procident
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -144,5 +145,59 @@ time.sleep(30)
 	}
 	if !strings.Contains(at.preload, "LD_PRELOAD") {
 		t.Fatalf("preload at exec = %q; want LD_PRELOAD named", at.preload)
+	}
+}
+
+// TestExecWatchKnowsThreadsAndPrograms: a thread is attributed to its
+// process from the events alone, and the stamp of the process's program
+// changes when it execs, even into the same binary.
+func TestExecWatchKnowsThreadsAndPrograms(t *testing.T) {
+	w, err := WatchExecs()
+	if err != nil {
+		if os.Getenv("CORRAL_NO_SKIP") == "1" {
+			t.Fatalf("proc connector: %v", err)
+		}
+		t.Skipf("proc connector unavailable (needs root): %v", err)
+	}
+	defer w.Close()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is the threaded program used here")
+	}
+	// A thread that stays, then an exec of python3 again on the same pid
+	// once told to (a line on stdin).
+	cmd := exec.Command(py, "-c", `import os, sys, threading, time
+t = threading.Thread(target=time.sleep, args=(60,), daemon=True); t.start()
+print(t.native_id, flush=True)
+sys.stdin.readline()
+os.execv(sys.executable, [sys.executable, "-c", "import time; print('again', flush=True); time.sleep(60)"])`)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var tid int
+	if _, err := fmt.Fscan(out, &tid); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	tgid, stamp, ok := w.caller(tid)
+	if !ok || tgid != pid {
+		t.Fatalf("caller(thread %d) = %d, %v; want process %d", tid, tgid, ok, pid)
+	}
+	if tg, st, ok := w.caller(pid); !ok || tg != pid || st != stamp {
+		t.Fatalf("caller(%d) = %d, %d, %v; want itself with the thread's stamp %d", pid, tg, st, ok, stamp)
+	}
+	if same, known := w.runs(pid, stamp); !same || !known {
+		t.Fatalf("runs before the exec = %v, %v", same, known)
+	}
+	fmt.Fprintln(in)
+	var again string
+	if _, err := fmt.Fscan(out, &again); err != nil || again != "again" {
+		t.Fatalf("exec'd program said %q, %v", again, err)
+	}
+	if same, known := w.runs(pid, stamp); same || !known {
+		t.Fatalf("runs after an exec of the same binary = %v, %v; want false, known", same, known)
 	}
 }
