@@ -82,7 +82,7 @@ let users and supervisors in.`,
 	serveOpts.flags(serve)
 	serve.RunE = func(cmd *cobra.Command, _ []string) error { return serveOpts.run(cmd.Context(), sf) }
 
-	root.AddCommand(serve, newIssueClientCmd(sf), newTokenCmd(sf))
+	root.AddCommand(serve, newIssueClientCmd(sf), newListClientsCmd(sf), newRevokeClientCmd(sf), newTokenCmd(sf))
 	return root
 }
 
@@ -143,7 +143,10 @@ func newIssueClientCmd(sf *storeFlags) *cobra.Command {
 		Use:   "issue-client --name N --out DIR",
 		Short: "Write a client certificate that authenticates as user N",
 		Long: `Write DIR/N.pem, DIR/N-key.pem (mode 0600) and DIR/ca.pem: a client
-certificate signed by the gateway's CA, which authenticates as user N.`,
+certificate signed by the gateway's CA, which authenticates as user N. The
+certificate is recorded in the gateway's database by serial number: only a
+recorded one authenticates, and revoke-client SERIAL refuses it from then
+on (list-clients shows the serials).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if name == "" || out == "" {
@@ -153,18 +156,73 @@ certificate signed by the gateway's CA, which authenticates as user N.`,
 			if err != nil {
 				return err
 			}
-			path, err := pki.IssueClient(name, out)
+			st, err := sf.open(cmd.Context())
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "client certificate for %s: %s (key %s, CA %s)\n",
-				name, path, filepath.Join(out, name+"-key.pem"), filepath.Join(out, "ca.pem"))
+			defer st.Close()
+			path, c, err := auth.IssueClientCert(cmd.Context(), st, pki, name, out)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "client certificate for %s: %s (key %s, CA %s), serial %s, expires %s\n",
+				name, path, filepath.Join(out, name+"-key.pem"), filepath.Join(out, "ca.pem"), c.Serial, c.ExpiresAt.UTC().Format(time.RFC3339))
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "user name the certificate authenticates as and its files are named by (letters, digits, '.', '_', '@', '-')")
 	cmd.Flags().StringVar(&out, "out", "", "directory to write the certificate, key and CA into")
 	return cmd
+}
+
+func newListClientsCmd(sf *storeFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list-clients",
+		Short: "List the client certificates issue-client made",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := sf.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			cs, err := st.ListClientCerts(cmd.Context())
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "SERIAL\tNAME\tISSUED\tEXPIRES\tREVOKED")
+			for _, c := range cs {
+				revoked := "-"
+				if !c.RevokedAt.IsZero() {
+					revoked = c.RevokedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Serial, c.Name, c.IssuedAt.Format(time.RFC3339), c.ExpiresAt.Format(time.RFC3339), revoked)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func newRevokeClientCmd(sf *storeFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke-client SERIAL",
+		Short: "Refuse a client certificate from now on; its open streams end",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := sf.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			serial := strings.ToLower(strings.TrimPrefix(strings.ReplaceAll(args[0], ":", ""), "0x"))
+			if err := st.RevokeClientCert(cmd.Context(), serial); err != nil {
+				return fmt.Errorf("revoke client certificate %s (serials as list-clients shows them): %w", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "client certificate %s revoked\n", serial)
+			return nil
+		},
+	}
 }
 
 func newTokenCmd(sf *storeFlags) *cobra.Command {

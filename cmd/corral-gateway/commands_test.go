@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -108,5 +110,29 @@ func TestIssueClient(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(out, "carol-key.pem"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key mode: %v, %v", fi.Mode(), err)
+	}
+	// Recorded by serial, listed, revocable once.
+	b, err := os.ReadFile(filepath.Join(out, "carol.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := cert.SerialNumber.Text(16)
+	list, err := run(t, "list-clients", "--data", data)
+	if err != nil || !regexp.MustCompile(serial+`\s+carol\s+\S+\s+\S+\s+-`).MatchString(list) {
+		t.Fatalf("list-clients: %q, %v; want carol's serial %s, not revoked", list, err, serial)
+	}
+	if _, err := run(t, "revoke-client", strings.ToUpper(serial), "--data", data); err != nil {
+		t.Fatalf("revoke-client: %v", err)
+	}
+	if _, err := run(t, "revoke-client", serial, "--data", data); err == nil {
+		t.Error("revoking twice succeeded")
+	}
+	if list, _ := run(t, "list-clients", "--data", data); regexp.MustCompile(serial + `\s+carol\s+\S+\s+\S+\s+-`).MatchString(list) {
+		t.Errorf("list-clients after revoke-client still shows it unrevoked:\n%s", list)
 	}
 }

@@ -33,7 +33,7 @@ const callTimeout = 30 * time.Second
 
 func newGatewayCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "gateway [login|logout|secret|routes|serve|token|issue-client] [flags]",
+		Use:   "gateway [login|logout|secret|routes|serve|token|issue-client|list-clients|revoke-client] [flags]",
 		Short: cli.FullShort("", "gateway"),
 		Long: `corral gateway login and logout save and remove the gateway this corral
 talks to (for corral sandbox, logs, policy and ps --gateway); corral gateway
@@ -41,7 +41,8 @@ secret and routes keep credentials and model routes at it.
 
 Anything else runs corral-gateway with these arguments: the gateway serving
 sandboxes, policies, logs, secrets and model routes over gRPC/Connect on
-TLS, and its admin commands (token create|list|delete, issue-client). See
+TLS, and its admin commands (token create|list|delete, issue-client,
+list-clients, revoke-client). See
 corral gateway serve --help once corral-gateway is installed.
 
 corral-gateway is looked up next to this corral binary, then in PATH.`,

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/gateway/store"
@@ -55,4 +57,22 @@ func CreateTokenUntil(ctx context.Context, st store.Store, kind store.TokenKind,
 		return "", store.Token{}, fmt.Errorf("store token: %w", err)
 	}
 	return secret, t, nil
+}
+
+// IssueClientCert writes a client certificate for user name into outDir
+// (PKI.IssueClient) and records it in st, without which it does not
+// authenticate; revoking the record refuses it. Certificates that cannot
+// be recorded are removed again.
+func IssueClientCert(ctx context.Context, st store.Store, p *PKI, name, outDir string) (string, store.ClientCert, error) {
+	path, cert, err := p.IssueClient(name, outDir)
+	if err != nil {
+		return "", store.ClientCert{}, err
+	}
+	c := store.ClientCert{Serial: SerialOf(cert), Name: name, IssuedAt: time.Now(), ExpiresAt: cert.NotAfter}
+	if err := st.AddClientCert(ctx, c); err != nil {
+		os.Remove(path)
+		os.Remove(strings.TrimSuffix(path, ".pem") + "-key.pem")
+		return "", store.ClientCert{}, fmt.Errorf("record the client certificate: %w", err)
+	}
+	return path, c, nil
 }

@@ -106,7 +106,7 @@ func TestIssueClientNames(t *testing.T) {
 	base := t.TempDir()
 	out := filepath.Join(base, "out")
 	for _, name := range []string{"../escaped", "a/b", "..", ".hidden", "a..b", "/abs", "tab\tname", "esc\x1b[2J", strings.Repeat("n", 65)} {
-		if _, err := p.IssueClient(name, out); err == nil || !strings.Contains(err.Error(), "--name") {
+		if _, _, err := p.IssueClient(name, out); err == nil || !strings.Contains(err.Error(), "--name") {
 			t.Errorf("IssueClient(%q): %v, want a refusal naming --name", name, err)
 		}
 	}
@@ -120,8 +120,8 @@ func TestIssueClientNames(t *testing.T) {
 	if len(written) > 0 {
 		t.Fatalf("refused names wrote %q", written)
 	}
-	path, err := p.IssueClient("carol.smith@example", out)
-	if err != nil || path != filepath.Join(out, "carol.smith@example.pem") {
+	path, cert, err := p.IssueClient("carol.smith@example", out)
+	if err != nil || path != filepath.Join(out, "carol.smith@example.pem") || cert.Subject.CommonName != "carol.smith@example" {
 		t.Fatalf("a plain name: %q, %v", path, err)
 	}
 }

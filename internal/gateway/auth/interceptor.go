@@ -41,6 +41,7 @@ func WithTLS(next http.Handler) http.Handler {
 var (
 	errNoCredential  = errors.New("no credential: send Authorization: Bearer TOKEN or a client certificate from corral gateway issue-client")
 	errBadCredential = errors.New("invalid credential: the token is unknown, expired, spent or malformed")
+	errBadCert       = errors.New("invalid credential: the client certificate was revoked, or was not issued by this gateway's issue-client; ask for a new one")
 )
 
 // Authenticate finds the principal for a bearer token in header or, when
@@ -58,9 +59,22 @@ func (a *Authenticator) Authenticate(ctx context.Context, header http.Header) (P
 	if st, ok := ctx.Value(tlsKey{}).(*tls.ConnectionState); ok && len(st.VerifiedChains) > 0 {
 		// VerifiedChains is set only for a certificate the CA signed for
 		// client auth (tls.VerifyClientCertIfGiven checked it).
-		cn := st.VerifiedChains[0][0].Subject.CommonName
+		leaf := st.VerifiedChains[0][0]
+		cn := leaf.Subject.CommonName
 		if cn == "" {
-			return Principal{}, errBadCredential
+			return Principal{}, errBadCert
+		}
+		// The CA's signature says who; the store says whether it still
+		// counts: issue-client records every certificate, revoke-client
+		// marks it.
+		c, err := a.Store.ClientCertBySerial(ctx, SerialOf(leaf))
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return Principal{}, errBadCert
+		case err != nil:
+			return Principal{}, fmt.Errorf("look up client certificate: %w", err)
+		case !c.RevokedAt.IsZero() || c.Name != cn:
+			return Principal{}, errBadCert
 		}
 		return Principal{Kind: store.TokenUser, Name: cn}, nil
 	}
@@ -105,7 +119,7 @@ func (a *Authenticator) token(ctx context.Context, secret string) (Principal, er
 func (a *Authenticator) check(ctx context.Context, procedure string, header http.Header) (context.Context, error) {
 	p, err := a.Authenticate(ctx, header)
 	if err != nil {
-		if errors.Is(err, errNoCredential) || errors.Is(err, errBadCredential) {
+		if errors.Is(err, errNoCredential) || errors.Is(err, errBadCredential) || errors.Is(err, errBadCert) {
 			return nil, connect.NewError(connect.CodeUnauthenticated, err)
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, err)

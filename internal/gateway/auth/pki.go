@@ -64,7 +64,7 @@ func EnsurePKI(dir string, sans []string) (*PKI, error) {
 		return nil, fmt.Errorf("server certificate: %w", err)
 	}
 	host, _ := os.Hostname()
-	if err := p.issue(filepath.Join(dir, fileServer), filepath.Join(dir, fileServerKey), host, names, x509.ExtKeyUsageServerAuth); err != nil {
+	if _, err := p.issue(filepath.Join(dir, fileServer), filepath.Join(dir, fileServerKey), host, names, x509.ExtKeyUsageServerAuth); err != nil {
 		return nil, err
 	}
 	if p.Server, err = tls.LoadX509KeyPair(filepath.Join(dir, fileServer), filepath.Join(dir, fileServerKey)); err != nil {
@@ -141,10 +141,10 @@ func (p *PKI) loadOrMakeCA() error {
 }
 
 // issue makes a leaf certificate signed by the CA for cn and names.
-func (p *PKI) issue(certPath, keyPath, cn string, names []string, usage x509.ExtKeyUsage) error {
+func (p *PKI) issue(certPath, keyPath, cn string, names []string, usage x509.ExtKeyUsage) (*x509.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return fmt.Errorf("key for %s: %w", cn, err)
+		return nil, fmt.Errorf("key for %s: %w", cn, err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
@@ -165,12 +165,16 @@ func (p *PKI) issue(certPath, keyPath, cn string, names []string, usage x509.Ext
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.CA, &key.PublicKey, p.caKey)
 	if err != nil {
-		return fmt.Errorf("certificate for %s: %w", cn, err)
+		return nil, fmt.Errorf("certificate for %s: %w", cn, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("certificate for %s: %w", cn, err)
 	}
 	if err := writeKey(keyPath, key); err != nil {
-		return err
+		return nil, err
 	}
-	return writePEM(certPath, "CERTIFICATE", der, 0o644)
+	return cert, writePEM(certPath, "CERTIFICATE", der, 0o644)
 }
 
 // clientName is what a client certificate's user may be called. The name
@@ -179,25 +183,28 @@ func (p *PKI) issue(certPath, keyPath, cn string, names []string, usage x509.Ext
 var clientName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
 
 // IssueClient writes a client certificate for user name, its key and the
-// CA certificate into outDir, and returns the certificate's path.
-func (p *PKI) IssueClient(name, outDir string) (string, error) {
+// CA certificate into outDir, and returns the certificate's path and the
+// certificate. It authenticates only once recorded in the store
+// (IssueClientCert does both).
+func (p *PKI) IssueClient(name, outDir string) (string, *x509.Certificate, error) {
 	if name == "" {
-		return "", errors.New("a client certificate needs --name")
+		return "", nil, errors.New("a client certificate needs --name")
 	}
 	if !clientName.MatchString(name) || strings.Contains(name, "..") {
-		return "", fmt.Errorf("--name %q: use letters, digits, '.', '_', '@' and '-' (at most 64, starting with a letter or digit, no \"..\"): it names the user and the files written into --out", name)
+		return "", nil, fmt.Errorf("--name %q: use letters, digits, '.', '_', '@' and '-' (at most 64, starting with a letter or digit, no \"..\"): it names the user and the files written into --out", name)
 	}
 	if err := os.MkdirAll(outDir, 0o700); err != nil {
-		return "", fmt.Errorf("output dir: %w", err)
+		return "", nil, fmt.Errorf("output dir: %w", err)
 	}
 	certPath := filepath.Join(outDir, name+".pem")
-	if err := p.issue(certPath, filepath.Join(outDir, name+"-key.pem"), name, nil, x509.ExtKeyUsageClientAuth); err != nil {
-		return "", err
+	cert, err := p.issue(certPath, filepath.Join(outDir, name+"-key.pem"), name, nil, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return "", nil, err
 	}
 	if err := writePEM(filepath.Join(outDir, fileCA), "CERTIFICATE", p.CA.Raw, 0o644); err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return certPath, nil
+	return certPath, cert, nil
 }
 
 // ServerConfig is the TLS configuration of the gateway's listener: HTTP/2,
@@ -251,3 +258,7 @@ func writePEM(path, typ string, der []byte, mode os.FileMode) error {
 	}
 	return nil
 }
+
+// SerialOf is how the store names a certificate: its serial number in
+// lower-case hex.
+func SerialOf(c *x509.Certificate) string { return c.SerialNumber.Text(16) }

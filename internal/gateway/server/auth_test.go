@@ -172,12 +172,33 @@ func TestAuthMatrix(t *testing.T) {
 	id := sb.Msg.Id
 	sandboxToken := g.fake.link(id).Token
 
-	certPath, err := g.pki.IssueClient("carol", t.TempDir())
+	certPath, _, err := auth.IssueClientCert(ctx, g.store, g.pki, "carol", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cert, err := tls.LoadX509KeyPair(certPath, certPath[:len(certPath)-len(".pem")]+"-key.pem")
 	if err != nil {
+		t.Fatal(err)
+	}
+	// Signed by the gateway's CA but never recorded (issued before
+	// revocation existed, or by hand with the CA key), and one revoked.
+	unrecordedPath, _, err := g.pki.IssueClient("dave", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unrecorded, err := tls.LoadX509KeyPair(unrecordedPath, unrecordedPath[:len(unrecordedPath)-len(".pem")]+"-key.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	revokedPath, rc, err := auth.IssueClientCert(ctx, g.store, g.pki, "erin", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := tls.LoadX509KeyPair(revokedPath, revokedPath[:len(revokedPath)-len(".pem")]+"-key.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.store.RevokeClientCert(ctx, rc.Serial); err != nil {
 		t.Fatal(err)
 	}
 	// An expired token, as an operator's expiry would leave it.
@@ -203,6 +224,8 @@ func TestAuthMatrix(t *testing.T) {
 		{name: "expired token", token: func() string { return "cgw_u_expired" }},
 		{name: "user token", token: func() string { return g.user }, allowed: func(p string) bool { return userServices[serviceOf(p)] }},
 		{name: "client certificate", token: func() string { return "" }, cert: &cert, allowed: func(p string) bool { return userServices[serviceOf(p)] }},
+		{name: "unrecorded client certificate", token: func() string { return "" }, cert: &unrecorded},
+		{name: "revoked client certificate", token: func() string { return "" }, cert: &revoked},
 		{name: "sandbox token", token: func() string { return sandboxToken }, allowed: func(p string) bool {
 			return isSupervisor(p) && p != gatewayv1connect.SupervisorServiceJoinProcedure
 		}},
@@ -476,6 +499,39 @@ func TestDeletedTokenEndsOpenStreams(t *testing.T) {
 	}
 	endsUnauthenticated(t, "follow", follow, func(*gatewayv1.LogEntry) bool { return false })
 	endsUnauthenticated(t, "watch", watch, func(*gatewayv1.SandboxEvent) bool { return false })
+}
+
+// TestRevokedClientCertEndsOpenStreams: revoking a client certificate
+// (corral-gateway revoke-client, in another process) refuses it from then
+// on and ends the streams opened with it.
+func TestRevokedClientCertEndsOpenStreams(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	path, c, err := auth.IssueClientCert(ctx, g.store, g.pki, "frank", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(path, path[:len(path)-len(".pem")]+"-key.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	createFake(t, g, "watched")
+	frank := g.clients("", &cert)
+	watch, err := frank.sandbox.Watch(ctx, connect.NewRequest(&gatewayv1.WatchSandboxesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	if !watch.Receive() {
+		t.Fatalf("watch: %v", watch.Err())
+	}
+	if err := g.store.RevokeClientCert(ctx, c.Serial); err != nil {
+		t.Fatal(err)
+	}
+	endsUnauthenticated(t, "watch", watch, func(*gatewayv1.SandboxEvent) bool { return false })
+	if _, err := frank.sandbox.List(ctx, connect.NewRequest(&gatewayv1.ListSandboxesRequest{})); codeOf(err) != connect.CodeUnauthenticated {
+		t.Errorf("list with a revoked certificate: %v, want unauthenticated", err)
+	}
 }
 
 // countingBody is a request body that counts the bytes read from it.

@@ -624,6 +624,62 @@ func (s *sqlStore) SpendJoinToken(ctx context.Context, id, sandboxID string) err
 		s.b.timeArg(t), sandboxID, id, string(TokenJoin), s.b.timeArg(t))
 }
 
+const clientCertCols = `serial, name, issued_at, expires_at, revoked_at`
+
+func (s *sqlStore) AddClientCert(ctx context.Context, c ClientCert) error {
+	if c.Serial == "" || c.Name == "" || c.ExpiresAt.IsZero() {
+		return fmt.Errorf("add client certificate %q: serial, name and expiry are required", c.Serial)
+	}
+	err := s.b.write(ctx, func(tx conn) error {
+		_, err := tx.exec(ctx, `INSERT INTO client_certs (`+clientCertCols+`) VALUES (?, ?, ?, ?, ?)`,
+			c.Serial, c.Name, s.b.timeArg(orNow(c.IssuedAt)), s.b.timeArg(c.ExpiresAt), s.b.timeArg(c.RevokedAt))
+		return err
+	})
+	if err != nil {
+		return s.fail(err, "add client certificate %q", c.Serial)
+	}
+	return nil
+}
+
+func scanClientCert(r interface{ Scan(...any) error }) (ClientCert, error) {
+	var c ClientCert
+	err := r.Scan(&c.Serial, &c.Name, dbTime{&c.IssuedAt}, dbTime{&c.ExpiresAt}, dbTime{&c.RevokedAt})
+	return c, err
+}
+
+func (s *sqlStore) ClientCertBySerial(ctx context.Context, serial string) (ClientCert, error) {
+	c, err := scanClientCert(s.b.read().queryRow(ctx, `SELECT `+clientCertCols+` FROM client_certs WHERE serial = ?`, serial))
+	if err != nil {
+		return ClientCert{}, s.fail(err, "client certificate %q", serial)
+	}
+	return c, nil
+}
+
+func (s *sqlStore) ListClientCerts(ctx context.Context) ([]ClientCert, error) {
+	rs, err := s.b.read().query(ctx, `SELECT `+clientCertCols+` FROM client_certs ORDER BY issued_at, serial`)
+	if err != nil {
+		return nil, s.fail(err, "list client certificates")
+	}
+	defer rs.Close()
+	var out []ClientCert
+	for rs.Next() {
+		c, err := scanClientCert(rs)
+		if err != nil {
+			return nil, s.fail(err, "list client certificates")
+		}
+		out = append(out, c)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, s.fail(err, "list client certificates")
+	}
+	return out, nil
+}
+
+func (s *sqlStore) RevokeClientCert(ctx context.Context, serial string) error {
+	return s.update(ctx, fmt.Sprintf("revoke client certificate %q", serial),
+		`UPDATE client_certs SET revoked_at = ? WHERE serial = ? AND revoked_at IS NULL`, s.b.timeArg(now()), serial)
+}
+
 func (s *sqlStore) PutSecret(ctx context.Context, sec Secret) error {
 	if sec.Name == "" {
 		return errors.New("put secret: empty name")

@@ -128,6 +128,16 @@ type Token struct {
 	Secrets []string
 }
 
+// ClientCert is a client certificate issue-client made; only a recorded,
+// unrevoked one authenticates.
+type ClientCert struct {
+	Serial    string // lower-case hex
+	Name      string // the user it authenticates as (its CN)
+	IssuedAt  time.Time
+	ExpiresAt time.Time
+	RevokedAt time.Time // zero = not revoked
+}
+
 // Secret is a named credential, sealed by the gateway before it is stored.
 type Secret struct {
 	Name      string
@@ -181,6 +191,14 @@ type Store interface {
 	// SpendJoinToken marks a join token used and binds it to sandboxID;
 	// it fails with ErrNotFound when the token is unknown or already spent.
 	SpendJoinToken(ctx context.Context, id, sandboxID string) error
+
+	AddClientCert(ctx context.Context, c ClientCert) error
+	// ClientCertBySerial finds a certificate by serial, revoked or not.
+	ClientCertBySerial(ctx context.Context, serial string) (ClientCert, error)
+	ListClientCerts(ctx context.Context) ([]ClientCert, error)
+	// RevokeClientCert marks a certificate revoked; ErrNotFound when no
+	// unrevoked certificate has that serial.
+	RevokeClientCert(ctx context.Context, serial string) error
 
 	PutSecret(ctx context.Context, s Secret) error
 	GetSecret(ctx context.Context, name string) (Secret, error)

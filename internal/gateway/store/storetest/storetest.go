@@ -42,6 +42,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Tokens", testTokens},
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenSpentOnce", testJoinTokenSpentOnce},
+		{"ClientCerts", testClientCerts},
 		{"Secrets", testSecrets},
 		{"Routes", testRoutes},
 		{"TimesRoundTrip", testTimes},
@@ -955,6 +956,40 @@ func testJoinTokenSpentOnce(t *testing.T, s store.Store) {
 	}
 	if won != 1 {
 		t.Fatalf("one join token was spent %d times", won)
+	}
+}
+
+func testClientCerts(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	expires := time.Now().Add(48 * time.Hour).Truncate(time.Second)
+	must(t, s.AddClientCert(ctx, store.ClientCert{Serial: "0a1b", Name: "alice", ExpiresAt: expires}))
+	must(t, s.AddClientCert(ctx, store.ClientCert{Serial: "0c2d", Name: "bob", ExpiresAt: expires}))
+	if err := s.AddClientCert(ctx, store.ClientCert{Serial: "0a1b", Name: "mallory", ExpiresAt: expires}); err == nil {
+		t.Error("a second certificate with the same serial was stored")
+	}
+	if err := s.AddClientCert(ctx, store.ClientCert{Serial: "0e3f", Name: "carol"}); err == nil {
+		t.Error("a certificate without an expiry was stored")
+	}
+	c, err := s.ClientCertBySerial(ctx, "0a1b")
+	if err != nil || c.Name != "alice" || !c.ExpiresAt.Equal(expires) || c.IssuedAt.IsZero() || !c.RevokedAt.IsZero() {
+		t.Fatalf("ClientCertBySerial = %+v, %v", c, err)
+	}
+	if _, err := s.ClientCertBySerial(ctx, "ffff"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("unknown serial: %v, want ErrNotFound", err)
+	}
+	must(t, s.RevokeClientCert(ctx, "0a1b"))
+	if err := s.RevokeClientCert(ctx, "0a1b"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("revoking twice: %v, want ErrNotFound", err)
+	}
+	if err := s.RevokeClientCert(ctx, "ffff"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("revoking an unknown serial: %v, want ErrNotFound", err)
+	}
+	if c, err := s.ClientCertBySerial(ctx, "0a1b"); err != nil || c.RevokedAt.IsZero() {
+		t.Errorf("after revocation: %+v, %v", c, err)
+	}
+	all, err := s.ListClientCerts(ctx)
+	if err != nil || len(all) != 2 || all[0].RevokedAt.IsZero() == all[1].RevokedAt.IsZero() {
+		t.Errorf("ListClientCerts = %+v, %v; want two, one revoked", all, err)
 	}
 }
 
