@@ -37,6 +37,16 @@ func (f *storeFlags) open(ctx context.Context) (store.Store, error) {
 	return store.Open(ctx, f.database, f.dataDir)
 }
 
+// with runs an admin command against the store, closed after.
+func (f *storeFlags) with(cmd *cobra.Command, do func(st store.Store) error) error {
+	st, err := f.open(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return do(st)
+}
+
 // defaultDataDir is /var/lib/corral/gateway for root, else under the
 // user's state directory.
 func defaultDataDir() string {
@@ -156,18 +166,15 @@ on (list-clients shows the serials).`,
 			if err != nil {
 				return err
 			}
-			st, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			path, c, err := auth.IssueClientCert(cmd.Context(), st, pki, name, out)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "client certificate for %s: %s (key %s, CA %s), serial %s, expires %s\n",
-				name, path, filepath.Join(out, name+"-key.pem"), filepath.Join(out, "ca.pem"), c.Serial, c.ExpiresAt.UTC().Format(time.RFC3339))
-			return nil
+			return sf.with(cmd, func(st store.Store) error {
+				path, c, err := auth.IssueClientCert(cmd.Context(), st, pki, name, out)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "client certificate for %s: %s (key %s, CA %s), serial %s, expires %s\n",
+					name, path, filepath.Join(out, name+"-key.pem"), filepath.Join(out, "ca.pem"), c.Serial, c.ExpiresAt.UTC().Format(time.RFC3339))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "user name the certificate authenticates as and its files are named by (letters, digits, '.', '_', '@', '-')")
@@ -181,25 +188,18 @@ func newListClientsCmd(sf *storeFlags) *cobra.Command {
 		Short: "List the client certificates issue-client made",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			cs, err := st.ListClientCerts(cmd.Context())
-			if err != nil {
-				return err
-			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "SERIAL\tNAME\tISSUED\tEXPIRES\tREVOKED")
-			for _, c := range cs {
-				revoked := "-"
-				if !c.RevokedAt.IsZero() {
-					revoked = c.RevokedAt.Format(time.RFC3339)
+			return sf.with(cmd, func(st store.Store) error {
+				cs, err := st.ListClientCerts(cmd.Context())
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Serial, c.Name, c.IssuedAt.Format(time.RFC3339), c.ExpiresAt.Format(time.RFC3339), revoked)
-			}
-			return w.Flush()
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "SERIAL\tNAME\tISSUED\tEXPIRES\tREVOKED")
+				for _, c := range cs {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Serial, c.Name, when(c.IssuedAt), when(c.ExpiresAt), when(c.RevokedAt))
+				}
+				return w.Flush()
+			})
 		},
 	}
 }
@@ -210,17 +210,14 @@ func newRevokeClientCmd(sf *storeFlags) *cobra.Command {
 		Short: "Refuse a client certificate from now on; its open streams end",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			serial := strings.ToLower(strings.TrimPrefix(strings.ReplaceAll(args[0], ":", ""), "0x"))
-			if err := st.RevokeClientCert(cmd.Context(), serial); err != nil {
-				return fmt.Errorf("revoke client certificate %s (serials as list-clients shows them): %w", args[0], err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "client certificate %s revoked\n", serial)
-			return nil
+			return sf.with(cmd, func(st store.Store) error {
+				serial := strings.ToLower(strings.TrimPrefix(strings.ReplaceAll(args[0], ":", ""), "0x"))
+				if err := st.RevokeClientCert(cmd.Context(), serial); err != nil {
+					return fmt.Errorf("revoke client certificate %s (serials as list-clients shows them): %w", args[0], err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "client certificate %s revoked\n", serial)
+				return nil
+			})
 		},
 	}
 }
@@ -276,22 +273,19 @@ it cannot be shown again.
 			if ttl > 0 {
 				expires = time.Now().Add(ttl)
 			}
-			st, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			secret, t, err := auth.CreateTokenUntil(cmd.Context(), st, kind, name, sandbox, expires, secrets...)
-			if err != nil {
-				return err
-			}
-			until := "never expires"
-			if !expires.IsZero() {
-				until = "expires " + expires.UTC().Format(time.RFC3339)
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s, %s, %s) created; its secret is shown only now:\n", t.ID, t.Kind, t.Name, until)
-			fmt.Fprintln(cmd.OutOrStdout(), secret)
-			return nil
+			return sf.with(cmd, func(st store.Store) error {
+				secret, t, err := auth.CreateTokenUntil(cmd.Context(), st, kind, name, sandbox, expires, secrets...)
+				if err != nil {
+					return err
+				}
+				until := "never expires"
+				if !expires.IsZero() {
+					until = "expires " + expires.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s, %s, %s) created; its secret is shown only now:\n", t.ID, t.Kind, t.Name, until)
+				fmt.Fprintln(cmd.OutOrStdout(), secret)
+				return nil
+			})
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "token name (the user it authenticates as)")
@@ -305,28 +299,18 @@ it cannot be shown again.
 		Short: "List tokens (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			ts, err := st.ListTokens(cmd.Context())
-			if err != nil {
-				return err
-			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tSECRETS\tCREATED\tEXPIRES\tUSED")
-			for _, t := range ts {
-				used, expires := "-", "-"
-				if !t.UsedAt.IsZero() {
-					used = t.UsedAt.Format(time.RFC3339)
+			return sf.with(cmd, func(st store.Store) error {
+				ts, err := st.ListTokens(cmd.Context())
+				if err != nil {
+					return err
 				}
-				if !t.ExpiresAt.IsZero() {
-					expires = t.ExpiresAt.Format(time.RFC3339)
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "ID\tKIND\tNAME\tSANDBOX\tSECRETS\tCREATED\tEXPIRES\tUSED")
+				for _, t := range ts {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), orDash(strings.Join(t.Secrets, ",")), when(t.CreatedAt), when(t.ExpiresAt), when(t.UsedAt))
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.Name, orDash(t.SandboxID), orDash(strings.Join(t.Secrets, ",")), t.CreatedAt.Format(time.RFC3339), expires, used)
-			}
-			return w.Flush()
+				return w.Flush()
+			})
 		},
 	}
 	del := &cobra.Command{
@@ -334,20 +318,25 @@ it cannot be shown again.
 		Short: "Delete a token; whoever holds it is refused from then on, and its open streams end",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := sf.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			if err := st.DeleteToken(cmd.Context(), args[0]); err != nil {
-				return fmt.Errorf("delete token %s: %w", args[0], err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "token %s deleted\n", args[0])
-			return nil
+			return sf.with(cmd, func(st store.Store) error {
+				if err := st.DeleteToken(cmd.Context(), args[0]); err != nil {
+					return fmt.Errorf("delete token %s: %w", args[0], err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "token %s deleted\n", args[0])
+				return nil
+			})
 		},
 	}
 	cmd.AddCommand(create, list, del)
 	return cmd
+}
+
+// when is a time in a listing, "-" for none.
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
 }
 
 func orDash(s string) string {

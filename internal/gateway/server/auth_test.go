@@ -157,6 +157,16 @@ func TestProceduresCovered(t *testing.T) {
 	}
 }
 
+// loadClientCert loads the certificate at path with its key beside it.
+func loadClientCert(t *testing.T, path string) tls.Certificate {
+	t.Helper()
+	c, err := tls.LoadX509KeyPair(path, strings.TrimSuffix(path, ".pem")+"-key.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestAuthMatrix calls every procedure as every kind of principal: no
 // credential and a wrong one get Unauthenticated; a principal outside a
 // procedure's row gets PermissionDenied; inside it, the call is not
@@ -176,28 +186,19 @@ func TestAuthMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tls.LoadX509KeyPair(certPath, certPath[:len(certPath)-len(".pem")]+"-key.pem")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := loadClientCert(t, certPath)
 	// Signed by the gateway's CA but never recorded (issued before
 	// revocation existed, or by hand with the CA key), and one revoked.
 	unrecordedPath, _, err := g.pki.IssueClient("dave", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	unrecorded, err := tls.LoadX509KeyPair(unrecordedPath, unrecordedPath[:len(unrecordedPath)-len(".pem")]+"-key.pem")
-	if err != nil {
-		t.Fatal(err)
-	}
+	unrecorded := loadClientCert(t, unrecordedPath)
 	revokedPath, rc, err := auth.IssueClientCert(ctx, g.store, g.pki, "erin", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	revoked, err := tls.LoadX509KeyPair(revokedPath, revokedPath[:len(revokedPath)-len(".pem")]+"-key.pem")
-	if err != nil {
-		t.Fatal(err)
-	}
+	revoked := loadClientCert(t, revokedPath)
 	if err := g.store.RevokeClientCert(ctx, rc.Serial); err != nil {
 		t.Fatal(err)
 	}
@@ -511,10 +512,7 @@ func TestRevokedClientCertEndsOpenStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tls.LoadX509KeyPair(path, path[:len(path)-len(".pem")]+"-key.pem")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := loadClientCert(t, path)
 	createFake(t, g, "watched")
 	frank := g.clients("", &cert)
 	watch, err := frank.sandbox.Watch(ctx, connect.NewRequest(&gatewayv1.WatchSandboxesRequest{}))

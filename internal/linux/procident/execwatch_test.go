@@ -27,7 +27,10 @@ func childOf(t *testing.T, pid int) int {
 	return 0
 }
 
-func TestExecWatchOrdersForkAndExec(t *testing.T) {
+// watchOrSkip subscribes to the proc connector for the test, or skips
+// (fails on CI, where CORRAL_NO_SKIP is set).
+func watchOrSkip(t *testing.T) *ExecWatch {
+	t.Helper()
 	w, err := WatchExecs()
 	if err != nil {
 		if os.Getenv("CORRAL_NO_SKIP") == "1" {
@@ -35,7 +38,12 @@ func TestExecWatchOrdersForkAndExec(t *testing.T) {
 		}
 		t.Skipf("proc connector unavailable (needs root): %v", err)
 	}
-	defer w.Close()
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func TestExecWatchOrdersForkAndExec(t *testing.T) {
+	w := watchOrSkip(t)
 	for _, tc := range []struct {
 		name, script string
 		want         bool
@@ -152,14 +160,7 @@ time.sleep(30)
 // process from the events alone, and the stamp of the process's program
 // changes when it execs, even into the same binary.
 func TestExecWatchKnowsThreadsAndPrograms(t *testing.T) {
-	w, err := WatchExecs()
-	if err != nil {
-		if os.Getenv("CORRAL_NO_SKIP") == "1" {
-			t.Fatalf("proc connector: %v", err)
-		}
-		t.Skipf("proc connector unavailable (needs root): %v", err)
-	}
-	defer w.Close()
+	w := watchOrSkip(t)
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 is the threaded program used here")
