@@ -105,6 +105,7 @@ type serveOpts struct {
 	corral       string
 	workdirs     []string
 	stateDir     string
+	newKey       bool
 }
 
 func (o *serveOpts) flags(cmd *cobra.Command) {
@@ -115,6 +116,7 @@ func (o *serveOpts) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&o.corral, "corral", "", "corral binary the local driver starts supervisors with (default: next to corral-gateway, then PATH)")
 	cmd.Flags().StringArrayVar(&o.workdirs, "allow-workdir", nil, "host directory the local driver's sandboxes may name as their working directory, or one below it (repeatable; default none: each sandbox gets a directory of its own)")
+	cmd.Flags().BoolVar(&o.newKey, "new-secret-key", false, "make a new secret key although the database holds secrets sealed with one that is missing (they must then be set again)")
 	cmd.Flags().StringVar(&o.stateDir, "sandbox-state-dir", "", "state directory of the supervisors the local driver starts (corral run --state-dir: their audit log, run directories and saved gateway credentials; default: corral's own, /var/lib/corral)")
 }
 
@@ -144,6 +146,7 @@ func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
 		LogRetention: o.logRetention,
 		Drivers:      drivers(o.corral, sf.dataDir, o.workdirs, o.stateDir, log),
 		Logger:       log,
+		NewSecretKey: o.newKey,
 	})
 }
 

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -26,6 +28,9 @@ type RunConfig struct {
 	// Drivers besides "external" (the command adds "local").
 	Drivers map[string]driver.Driver
 	Logger  *slog.Logger
+	// NewSecretKey lets the gateway make a new secret key although the
+	// database holds secrets sealed with a key that is gone.
+	NewSecretKey bool
 }
 
 // Run starts a gateway and serves until ctx ends.
@@ -37,15 +42,15 @@ func Run(ctx context.Context, rc RunConfig) error {
 	if err != nil {
 		return err
 	}
-	box, err := secretbox.LoadOrCreate(filepath.Join(rc.DataDir, "secret.key"))
-	if err != nil {
-		return err
-	}
 	st, err := store.Open(ctx, rc.Database, rc.DataDir)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	box, err := secretKey(ctx, st, filepath.Join(rc.DataDir, "secret.key"), rc.NewSecretKey, rc.Logger)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", rc.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -68,6 +73,35 @@ func Run(ctx context.Context, rc RunConfig) error {
 		return err
 	}
 	return s.Serve(ctx, ln)
+}
+
+// secretKey loads the key that seals the stored secrets. A missing key
+// file is made anew only when nothing is sealed yet, or when told to: a
+// lost key (a restore that left it out, a data directory moved without
+// it) would otherwise be replaced silently, and every stored secret fail
+// from then on. A key that does not open a stored secret is reported.
+func secretKey(ctx context.Context, st store.Store, path string, newKey bool, log *slog.Logger) (*secretbox.Box, error) {
+	names, err := st.ListSecrets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && len(names) > 0 && !newKey {
+		return nil, fmt.Errorf("secret key %s is missing, but the database holds %d secrets sealed with it: restore the key file, or start with --new-secret-key and set every secret again (the stored values cannot be opened without it)", path, len(names))
+	}
+	box, err := secretbox.LoadOrCreate(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(names) > 0 {
+		sec, err := st.GetSecret(ctx, names[0])
+		if err == nil {
+			_, err = box.Open(sec.Name, sec.Sealed)
+		}
+		if err != nil && log != nil {
+			log.Warn("the secret key does not open the stored secrets; set them again", "key", path, "secret", names[0], "err", err)
+		}
+	}
+	return box, nil
 }
 
 // URLFor is the URL a supervisor on this host dials for a listener bound

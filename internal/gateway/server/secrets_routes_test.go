@@ -2,11 +2,16 @@ package server
 
 import (
 	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
 
+	"github.com/corral-sandbox/corral/internal/gateway/secretbox"
+	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 )
 
@@ -109,5 +114,53 @@ func TestRoutesPushed(t *testing.T) {
 	defer s.Close()
 	if !s.Receive() || s.Msg().GetRoutes().GetVersion() != 1 || s.Msg().GetPolicy().GetVersion() != 1 {
 		t.Fatalf("late subscriber: %v %v", s.Msg(), s.Err())
+	}
+}
+
+// TestLostSecretKeyRefused: a gateway whose secret key file is gone while
+// the database holds secrets sealed with it does not start with a new key
+// unless told to (--new-secret-key), and a key that does not open them is
+// reported at start.
+func TestLostSecretKeyRefused(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "secret.key")
+	st, err := store.OpenSQLite(filepath.Join(dir, "gateway.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := secretKey(ctx, st, keyPath, false, nil); err != nil {
+		t.Fatalf("first start, nothing sealed: %v", err)
+	}
+	box, err := secretbox.LoadOrCreate(keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := box.Seal("gh-token", []byte("ghp_value"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutSecret(ctx, store.Secret{Name: "gh-token", Sealed: sealed}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := secretKey(ctx, st, keyPath, false, nil); err != nil {
+		t.Fatalf("restart with the key: %v", err)
+	}
+	if err := os.Remove(keyPath); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := secretKey(ctx, st, keyPath, false, nil); err == nil || !strings.Contains(err.Error(), "--new-secret-key") {
+		t.Fatalf("start without the key: %v, want a refusal naming --new-secret-key", err)
+	}
+	if _, err := os.Stat(keyPath); err == nil {
+		t.Fatal("a refused start made a key")
+	}
+	var logs bytes.Buffer
+	if _, err := secretKey(ctx, st, keyPath, true, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+		t.Fatalf("start with --new-secret-key: %v", err)
+	}
+	if !strings.Contains(logs.String(), "does not open the stored secrets") {
+		t.Errorf("no warning that the new key opens nothing:\n%s", logs.String())
 	}
 }
