@@ -10,6 +10,8 @@ package notify
 import (
 	"errors"
 	"fmt"
+	"os"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -58,34 +60,69 @@ func Valid(fd int, id uint64) bool {
 // it continue, until no filtered process is left (the listener hangs up) or
 // done is closed. It closes fd when it returns. A call whose thread died
 // meanwhile is skipped.
+//
+// It waits in Go's network poller rather than in a blocking system call:
+// a goroutine woken from the poller runs at once, where one returning from
+// a long blocking call must first win back a processor, and every connect
+// of the sandbox waits for this loop.
 func Serve(fd int, done <-chan struct{}, handle func(Call)) error {
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("seccomp listener: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "seccomp listener")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("seccomp listener: %w", err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
 		select {
 		case <-done:
-			return nil
-		default:
+			_ = f.SetReadDeadline(time.Now())
+		case <-stop:
 		}
-		// The timeout only bounds how long a closed done goes unnoticed
-		// while the sandbox is quiet.
-		n, err := unix.Poll(fds, 500)
-		switch {
-		case errors.Is(err, unix.EINTR) || n == 0:
-			continue
-		case err != nil:
-			return fmt.Errorf("seccomp listener: poll: %w", err)
-		case fds[0].Revents&unix.POLLIN == 0:
-			// POLLHUP: every process the filter applied to is gone.
-			return nil
-		}
+	}()
+	for {
 		var req notif
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SECCOMP_IOCTL_NOTIF_RECV, uintptr(unsafe.Pointer(&req))); e != 0 {
-			if e == unix.EINTR || e == unix.ENOENT {
-				// Interrupted, or the caller died before we took it.
-				continue
+		var hup bool
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			ready := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(ready, 0)
+			switch {
+			case errors.Is(err, unix.EINTR) || (err == nil && n == 0):
+				return false // nothing pending: wait in the poller
+			case err != nil:
+				rerr = fmt.Errorf("seccomp listener: poll: %w", err)
+				return true
+			case ready[0].Revents&unix.POLLIN == 0:
+				// POLLHUP: every process the filter applied to is gone.
+				hup = true
+				return true
 			}
-			return fmt.Errorf("seccomp listener: receive: %w", e)
+			if _, _, e := unix.Syscall(unix.SYS_IOCTL, fd, unix.SECCOMP_IOCTL_NOTIF_RECV, uintptr(unsafe.Pointer(&req))); e != 0 {
+				if e != unix.EINTR && e != unix.ENOENT {
+					rerr = fmt.Errorf("seccomp listener: receive: %w", e)
+				}
+				// Interrupted, or the caller died before we took it.
+				req.id = 0
+			}
+			return true
+		})
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil
+		case err != nil:
+			return fmt.Errorf("seccomp listener: %w", err)
+		case rerr != nil:
+			return rerr
+		case hup:
+			return nil
+		case req.id == 0 && req.pid == 0:
+			continue
 		}
 		handle(Call{ID: req.id, TID: int(req.pid), Nr: req.nr, Args: req.args})
 		r := resp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
