@@ -123,10 +123,12 @@ func TestCreateInspectDelete(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory left after Delete: %v", err)
 	}
-	// Reaped: no zombie left.
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); !os.IsNotExist(err) {
-		t.Errorf("supervisor %d still in /proc after Delete (a zombie?)", pid)
-	}
+	// Reaped: no zombie left. Delete returns once the supervisor is dead;
+	// the driver's reaper collects it a moment later.
+	waitFor(t, fmt.Sprintf("supervisor %d to leave /proc after Delete (a zombie?)", pid), func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+		return os.IsNotExist(err)
+	})
 	if err := d.Delete(context.Background(), sb); err != nil {
 		t.Errorf("second Delete: %v", err)
 	}
