@@ -68,7 +68,8 @@ echo "=== end"
 
 // TestSocketLendingRefused: a connection is identified as the process that
 // connected its socket, and only while that process holds it and runs the
-// program it ran when it connected.
+// program it ran when it connected, checked after its identity is read
+// (an exec between the two would otherwise pass as the new program).
 func TestSocketLendingRefused(t *testing.T) {
 	requireRoot(t)
 	lab := netlab.Start(t,
@@ -98,11 +99,18 @@ func TestSocketLendingRefused(t *testing.T) {
 				t.Errorf("python3 reached curlonly.test as /usr/bin/curl: %s", s.Path)
 			}
 		}
-		events := netEvents(r)
-		for _, want := range []string{"which no longer holds it", "has run another program since it connected"} {
-			if !strings.Contains(events, want) {
-				t.Errorf("no refusal saying %q in the audit trail", want)
+		// Each borrowed connection is refused. Why depends on when it is
+		// identified: after the lending ("which no longer holds it", "has
+		// run another program since it connected"), or, on a slow machine,
+		// before it, as python3's own.
+		denied := 0
+		for _, e := range r.find("net.connect.denied") {
+			if e["host"] == "curlonly.test" {
+				denied++
 			}
+		}
+		if denied < 2 {
+			t.Errorf("%d refusals for curlonly.test in the audit trail, want one for each borrowed connection\n%s", denied, netEvents(r))
 		}
 	})
 }

@@ -108,14 +108,17 @@ func (r *Resolver) Identify(conn net.Conn) (egress.Identity, error) {
 	if len(refs) == 0 {
 		refs = r.current(started).sockets(listener, client, origDst)
 	}
-	if r.Connects != nil && len(refs) > 0 {
-		if err := r.Connects.vouch(refs); err != nil {
-			return egress.Identity{}, fmt.Errorf("procident: client %s: %w", client, err)
-		}
-	}
 	id, err := r.identifyRefs(refs)
 	if err != nil {
 		return egress.Identity{}, fmt.Errorf("procident: client %s: %w", client, err)
+	}
+	// After the identity is read, not before: a connector that execs
+	// meanwhile would otherwise pass as the program it became, read
+	// from /proc after a check that still saw the one that connected.
+	if r.Connects != nil {
+		if err := r.Connects.vouch(refs); err != nil {
+			return egress.Identity{}, fmt.Errorf("procident: client %s: %w", client, err)
+		}
 	}
 	return id, nil
 }
