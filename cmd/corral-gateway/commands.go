@@ -70,7 +70,8 @@ func newRootCmd() *cobra.Command {
 		Use:   "corral-gateway",
 		Short: "Serve corral's control plane for many sandboxes",
 		Long: `corral-gateway serves the gateway API (gRPC, gRPC-Web and Connect/JSON over
-TLS) with /metrics, /healthz and /readyz. Without a subcommand it serves.
+TLS) with /metrics (a user credential, unless --public-metrics), /healthz and
+/readyz. Without a subcommand it serves.
 On first start it makes its CA, server certificate and secret key in the
 data directory; use the token and issue-client commands on the same host to
 let users and supervisors in.`,
@@ -97,15 +98,16 @@ let users and supervisors in.`,
 }
 
 type serveOpts struct {
-	listen       string
-	sans         []string
-	url          string
-	logRetention int
-	logLevel     string
-	corral       string
-	workdirs     []string
-	stateDir     string
-	newKey       bool
+	listen        string
+	sans          []string
+	url           string
+	logRetention  int
+	logLevel      string
+	corral        string
+	workdirs      []string
+	stateDir      string
+	newKey        bool
+	publicMetrics bool
 }
 
 func (o *serveOpts) flags(cmd *cobra.Command) {
@@ -116,6 +118,7 @@ func (o *serveOpts) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&o.corral, "corral", "", "corral binary the local driver starts supervisors with (default: next to corral-gateway, then PATH)")
 	cmd.Flags().StringArrayVar(&o.workdirs, "allow-workdir", nil, "host directory the local driver's sandboxes may name as their working directory, or one below it (repeatable; default none: each sandbox gets a directory of its own)")
+	cmd.Flags().BoolVar(&o.publicMetrics, "public-metrics", false, "serve /metrics without a credential (by default it takes a user's token or client certificate, as the API does)")
 	cmd.Flags().BoolVar(&o.newKey, "new-secret-key", false, "make a new secret key although the database holds secrets sealed with one that is missing (they must then be set again)")
 	cmd.Flags().StringVar(&o.stateDir, "sandbox-state-dir", "", "state directory of the supervisors the local driver starts (corral run --state-dir: their audit log, run directories and saved gateway credentials; default: corral's own, /var/lib/corral)")
 }
@@ -138,15 +141,16 @@ func (o *serveOpts) run(ctx context.Context, sf *storeFlags) error {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	return server.Run(ctx, server.RunConfig{
-		Listen:       o.listen,
-		DataDir:      sf.dataDir,
-		Database:     sf.database,
-		SANs:         o.sans,
-		URL:          o.url,
-		LogRetention: o.logRetention,
-		Drivers:      drivers(o.corral, sf.dataDir, o.workdirs, o.stateDir, log),
-		Logger:       log,
-		NewSecretKey: o.newKey,
+		Listen:        o.listen,
+		DataDir:       sf.dataDir,
+		Database:      sf.database,
+		SANs:          o.sans,
+		URL:           o.url,
+		LogRetention:  o.logRetention,
+		Drivers:       drivers(o.corral, sf.dataDir, o.workdirs, o.stateDir, log),
+		Logger:        log,
+		NewSecretKey:  o.newKey,
+		PublicMetrics: o.publicMetrics,
 	})
 }
 

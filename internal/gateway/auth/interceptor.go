@@ -160,6 +160,25 @@ func (a *Authenticator) Require(next http.Handler) http.Handler {
 	})
 }
 
+// RequireUser is HTTP middleware for the gateway's plain HTTP endpoints
+// that only users may read (/metrics): a user's token or client
+// certificate, else 401, or 403 for another kind of credential.
+func (a *Authenticator) RequireUser(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := a.Authenticate(r.Context(), r.Header)
+		switch {
+		case errors.Is(err, errNoCredential) || errors.Is(err, errBadCredential) || errors.Is(err, errBadCert):
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		case p.Kind != store.TokenUser:
+			http.Error(w, fmt.Sprintf("a %s credential may not read %s", p.Kind, r.URL.Path), http.StatusForbidden)
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
 // Interceptor returns the connect interceptor that makes sure every call
 // comes with the principal Require found and that it may call the
 // procedure, and keeps checking a stream's credential while it is open.

@@ -44,6 +44,8 @@ type gwOpts struct {
 	dir       string // reuse a data directory (a restart)
 	drv       *fakeDriver
 	retention int
+	// publicMetrics serves /metrics without a credential.
+	publicMetrics bool
 }
 
 func startGateway(t *testing.T, o gwOpts) *gw {
@@ -73,13 +75,14 @@ func startGateway(t *testing.T, o gwOpts) *gw {
 		t.Fatal(err)
 	}
 	srv, err := New(Config{
-		Store:        st,
-		Drivers:      map[string]driver.Driver{"fake": fake},
-		PKI:          pki,
-		Secrets:      box,
-		URL:          URLFor(ln.Addr()),
-		Registry:     prometheus.NewRegistry(),
-		LogRetention: o.retention,
+		Store:         st,
+		Drivers:       map[string]driver.Driver{"fake": fake},
+		PKI:           pki,
+		Secrets:       box,
+		URL:           URLFor(ln.Addr()),
+		Registry:      prometheus.NewRegistry(),
+		LogRetention:  o.retention,
+		PublicMetrics: o.publicMetrics,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,8 @@ type RunConfig struct {
 	// NewSecretKey lets the gateway make a new secret key although the
 	// database holds secrets sealed with a key that is gone.
 	NewSecretKey bool
+	// PublicMetrics serves /metrics without a credential.
+	PublicMetrics bool
 }
 
 // Run starts a gateway and serves until ctx ends.
@@ -61,13 +63,14 @@ func Run(ctx context.Context, rc RunConfig) error {
 		url = URLFor(ln.Addr())
 	}
 	s, err := New(Config{
-		Store:        st,
-		Drivers:      rc.Drivers,
-		PKI:          pki,
-		Secrets:      box,
-		URL:          url,
-		LogRetention: rc.LogRetention,
-		Logger:       rc.Logger,
+		Store:         st,
+		Drivers:       rc.Drivers,
+		PKI:           pki,
+		Secrets:       box,
+		URL:           url,
+		LogRetention:  rc.LogRetention,
+		Logger:        rc.Logger,
+		PublicMetrics: rc.PublicMetrics,
 	})
 	if err != nil {
 		return err

@@ -237,6 +237,44 @@ func TestHealthReadyMetrics(t *testing.T) {
 	}
 }
 
+// TestMetricsNeedAUser: /metrics answers a user's token or client
+// certificate, refuses no credential (401) and a supervisor's (403), and
+// is open only with --public-metrics; /healthz is open either way.
+func TestMetricsNeedAUser(t *testing.T) {
+	status := func(c *http.Client, url string) int {
+		t.Helper()
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	g := startGateway(t, gwOpts{})
+	id, _ := createFake(t, g, "m")
+	for _, tc := range []struct {
+		name  string
+		token string
+		want  int
+	}{
+		{"none", "", http.StatusUnauthorized},
+		{"wrong token", "cgw_u_wrongwrongwrong", http.StatusUnauthorized},
+		{"sandbox token", g.fake.link(id).Token, http.StatusForbidden},
+		{"user token", g.user, http.StatusOK},
+	} {
+		if got := status(g.client(tc.token, nil), g.url+"/metrics"); got != tc.want {
+			t.Errorf("/metrics with %s: HTTP %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	if got := status(g.client("", nil), g.url+"/healthz"); got != http.StatusOK {
+		t.Errorf("/healthz without a credential: HTTP %d", got)
+	}
+	open := startGateway(t, gwOpts{publicMetrics: true})
+	if got := status(open.client("", nil), open.url+"/metrics"); got != http.StatusOK {
+		t.Errorf("/metrics of a gateway with public metrics, no credential: HTTP %d", got)
+	}
+}
+
 func waitReady(t *testing.T, g *gw) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -255,9 +293,10 @@ func waitReady(t *testing.T, g *gw) {
 	}
 }
 
+// get reads path as the gateway's user.
 func get(t *testing.T, g *gw, path string) string {
 	t.Helper()
-	resp, err := g.client("", nil).Get(g.url + path)
+	resp, err := g.client(g.user, nil).Get(g.url + path)
 	if err != nil {
 		t.Fatal(err)
 	}

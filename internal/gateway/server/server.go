@@ -65,6 +65,9 @@ type Config struct {
 	Logger       *slog.Logger
 	// Registry receives the gateway's metrics; nil makes a new one.
 	Registry *prometheus.Registry
+	// PublicMetrics serves /metrics without a credential; otherwise it
+	// takes a user's, as the API does.
+	PublicMetrics bool
 }
 
 // Server is one gateway.
@@ -176,7 +179,13 @@ func (s *Server) Handler() http.Handler {
 	api(gatewayv1connect.NewRouteServiceHandler(&routeService{s}, opts))
 	api(gatewayv1connect.NewSupervisorServiceHandler(&supervisorService{s},
 		connect.WithHandlerOptions(interceptors, connect.WithReadMaxBytes(maxLogBatchBytes))))
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	// The counts tell who calls what and how sandboxes fare: a user's
+	// business unless the operator opens them.
+	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	if !s.cfg.PublicMetrics {
+		metricsHandler = s.auth.RequireUser(metricsHandler)
+	}
+	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
