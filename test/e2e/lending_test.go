@@ -32,8 +32,22 @@ s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 if mode == "threaded":
     t = threading.Thread(target=lambda: s.connect((addr, 80)))
     t.start(); t.join(); s.settimeout(5); show(s); sys.exit(0)
-if mode == "execd":
-    s.connect((addr, 80)); s.sendall(req)
+if mode == "tfo":
+    # TCP Fast Open connects from sendto: no connect(2) to record.
+    try:
+        s.sendto(req, socket.MSG_FASTOPEN, (addr, 80)); s.settimeout(5)
+        print(mode.upper(), s.recv(4096).split(b"\r\n\r\n")[-1].decode())
+    except Exception as e:
+        print(mode.upper() + "-ERR", type(e).__name__, e)
+    sys.exit(0)
+if mode in ("execd", "execd-proxy"):
+    if mode == "execd":
+        s.connect((addr, 80)); s.sendall(req)
+    else:
+        # The same through the HTTP proxy listener.
+        p = os.environ["http_proxy"].split("//")[1].rstrip("/").rsplit(":", 1)
+        s.connect((p[0], int(p[1])))
+        s.sendall(("GET http://%s/%s-by-python HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (host, mode, host)).encode())
     os.set_inheritable(s.fileno(), True)
     os.execv("/usr/bin/curl", ["curl", "-sS", "-m", "3", "-K", "/dev/null", "http://127.0.0.1:9/"])
 os.set_inheritable(s.fileno(), True)
@@ -62,7 +76,9 @@ cd $W
 echo "=== curl"; curl -sS -m5 --noproxy '*' http://curlonly.test/curl-itself -w ' %{http_code}\n' 2>&1
 echo "=== parked"; python3 lend.py curlonly.test parked 2>&1
 echo "=== execd"; python3 lend.py curlonly.test execd 2>&1
+echo "=== execd-proxy"; python3 lend.py curlonly.test execd-proxy 2>&1
 echo "=== threaded"; python3 lend.py anyone.test threaded 2>&1
+echo "=== tfo"; python3 lend.py anyone.test tfo 2>&1
 echo "=== end"
 `
 
@@ -94,8 +110,14 @@ func TestSocketLendingRefused(t *testing.T) {
 		n.has("curl", `hello from curlonly.test GET /curl-itself 200`)
 		n.hasNot("parked", `hello from`)
 		n.has("threaded", `hello from anyone.test GET /threaded-by-python`)
+		// anyone.test takes any program, so only the missing connect
+		// record refuses this one.
+		n.hasNot("tfo", `hello from`)
+		if !strings.Contains(netEvents(r), "corral saw no connect(2) for it") {
+			t.Errorf("no refusal of the TCP Fast Open connection for want of a connect record\n%s", netEvents(r))
+		}
 		for _, s := range lab.HTTPRequests()[seen:] {
-			if strings.HasPrefix(s.Path, "/parked-") || strings.HasPrefix(s.Path, "/execd-") {
+			if strings.HasPrefix(s.Path, "/parked-") || strings.HasPrefix(s.Path, "/execd-") || strings.HasPrefix(s.Path, "/tfo-") {
 				t.Errorf("python3 reached curlonly.test as /usr/bin/curl: %s", s.Path)
 			}
 		}
@@ -109,7 +131,7 @@ func TestSocketLendingRefused(t *testing.T) {
 				denied++
 			}
 		}
-		if denied < 2 {
+		if denied < 3 {
 			t.Errorf("%d refusals for curlonly.test in the audit trail, want one for each borrowed connection\n%s", denied, netEvents(r))
 		}
 	})
