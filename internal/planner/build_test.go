@@ -201,6 +201,10 @@ func golden(t *testing.T, path string, got []byte) {
 }
 
 func TestBuildErrors(t *testing.T) {
+	// secretFrom is a policy masking T for api.example.com, read from path.
+	secretFrom := func(path string) string {
+		return "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: " + path + ", hosts: [api.example.com]}\n"
+	}
 	cases := []struct {
 		name, policy, workdir, want string
 		host                        func(*Host)
@@ -215,23 +219,23 @@ func TestBuildErrors(t *testing.T) {
 		{"symlinked workdir", "", "/lib", "not a directory", nil},
 		{"secret file visible inside", "version: 1\nfilesystem_policy: {read_only: [/srv]}\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/data/token, hosts: [api.example.com]}\n",
 			"/home/ada/proj", "the workload could read the real value", nil},
-		{"secret file in the workdir", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /home/ada/proj/.token, hosts: [api.example.com]}\n",
+		{"secret file in the workdir", secretFrom("/home/ada/proj/.token"),
 			"/home/ada/proj", "inside /home/ada/proj", nil},
-		{"secret file through a symlink", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/vault/gh, hosts: [api.example.com]}\n",
+		{"secret file through a symlink", secretFrom("/srv/vault/gh"),
 			"/home/ada/proj", "secrets.T.from_file /srv/vault/gh resolves to /home/ada/proj/.secrets/gh, which is inside /home/ada/proj, which the sandbox mounts (workdir)",
 			func(h *Host) {
 				h.FS.(fakeFS)["/srv/vault"] = "->/home/ada/proj/.secrets"
 				h.FS.(fakeFS)["/home/ada/proj/.secrets"] = "owner=1000:1000"
 				h.FS.(fakeFS)["/home/ada/proj/.secrets/gh"] = "file owner=1000:1000"
 			}},
-		{"secret file through a host bind mount", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/alias/.token, hosts: [api.example.com]}\n",
+		{"secret file through a host bind mount", secretFrom("/srv/alias/.token"),
 			"/home/ada/proj", "is reached through /srv/alias, which has the device and inode of /home/ada/proj",
 			func(h *Host) {
 				h.FS.(fakeFS)["/srv/alias"] = "owner=1000:1000 ino=77"
 				h.FS.(fakeFS)["/srv/alias/.token"] = "file owner=1000:1000"
 				h.FS.(fakeFS)["/home/ada/proj"] = "owner=1000:1000 ino=77"
 			}},
-		{"secret file hard-linked", "version: 1\nnetwork_policies: {a: {endpoints: [{host: api.example.com, port: 443, protocol: rest, access: full}]}}\nsecrets:\n  T: {from_file: /srv/token, hosts: [api.example.com]}\n",
+		{"secret file hard-linked", secretFrom("/srv/token"),
 			"/home/ada/proj", "secrets.T.from_file /srv/token has 2 hard links", func(h *Host) { h.FS.(fakeFS)["/srv/token"] = "file links=2" }},
 		{"inference key file in the workdir", "version: 1\nnetwork: {mode: proxy}\ninference:\n  routes:\n    - {name: hosted, base_url: https://api.openai.com/v1, protocols: [openai_chat_completions], api_key: {from_file: /home/ada/proj/.key}}\n",
 			"/home/ada/proj", `inference.routes[0].api_key.from_file (route "hosted") /home/ada/proj/.key is inside /home/ada/proj, which the sandbox mounts (workdir): the workload could read the real value`, nil},

@@ -21,16 +21,6 @@ for f in "$W"/.secrets/*; do echo "FILE $f: $(cat "$f" 2>&1)"; done
 echo "=== end"
 `
 
-const keyFilesSecretPolicy = `network_policies:
-  echo:
-    endpoints:
-      - {host: echo.test, port: 443, protocol: rest, access: full}
-secrets:
-  GH_TOKEN:
-    from_file: %s
-    hosts: [echo.test]
-`
-
 const keyFilesInferencePolicy = `network:
   mode: proxy
 inference:
@@ -57,13 +47,13 @@ func TestKeyFilesReadableInsideRefused(t *testing.T) {
 			routes func(sec, link, keys string) string
 		}{
 			{"secret in the workdir", func(sec, _, _ string) string {
-				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(sec, "gh"))
+				return secretHostPolicy("echo.test", "from_file: "+filepath.Join(sec, "gh"))
 			}, "secrets.GH_TOKEN.from_file {W}/.secrets/gh is inside {W}, which the sandbox mounts (workdir)", nil},
 			{"secret through a symlink", func(_, link, _ string) string {
-				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(link, "gh"))
+				return secretHostPolicy("echo.test", "from_file: "+filepath.Join(link, "gh"))
 			}, "resolves to {W}/.secrets/gh, which is inside {W}, which the sandbox mounts (workdir)", nil},
 			{"secret hard-linked into the workdir", func(_, _, keys string) string {
-				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(keys, "gh-link"))
+				return secretHostPolicy("echo.test", "from_file: "+filepath.Join(keys, "gh-link"))
 			}, "has 2 hard links", nil},
 			{"inference key in the workdir", func(sec, _, _ string) string {
 				return fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(sec, "openai"))
@@ -77,7 +67,7 @@ func TestKeyFilesReadableInsideRefused(t *testing.T) {
 				return strings.TrimPrefix(fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(sec, "openai")), "network:\n  mode: proxy\ninference:\n")
 			}},
 			{"keys outside every mount", func(_, _, keys string) string {
-				return fmt.Sprintf(keyFilesSecretPolicy, filepath.Join(keys, "gh")) +
+				return secretHostPolicy("echo.test", "from_file: "+filepath.Join(keys, "gh")) +
 					strings.TrimPrefix(fmt.Sprintf(keyFilesInferencePolicy, filepath.Join(keys, "openai")), "network:\n  mode: proxy\n")
 			}, "", nil},
 		} {

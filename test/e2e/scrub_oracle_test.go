@@ -31,16 +31,6 @@ import (
 
 var addrScrubOracle = netip.MustParseAddr("203.0.113.93")
 
-const scrubOraclePolicy = `network_policies:
-  oracle:
-    endpoints:
-      - {host: oracle.test, port: 443, protocol: rest, access: full}
-secrets:
-  GH_TOKEN:
-    from_env: CORRAL_TEST_GH_TOKEN
-    hosts: [oracle.test]
-`
-
 // scrubOracleClient runs inside. For each text in the probe file it asks
 // oracle.test to reflect it three ways, all at once, and prints what came
 // back as JSON: the body's chunks at the end of a body (tail) and around
@@ -212,7 +202,7 @@ func TestScrubDoesNotRevealPrefixes(t *testing.T) {
 		writeOwned(t, m, filepath.Join(fx.W, "oracle.py"), []byte(scrubOracleClient), 0o644)
 		r := runCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/python3", filepath.Join(fx.W, "oracle.py"), filepath.Join(fx.W, "probes.json")},
-			policy: basePolicy(scrubOraclePolicy),
+			policy: basePolicy(secretHostPolicy("oracle.test", "from_env: CORRAL_TEST_GH_TOKEN")),
 			flags:  []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile},
 			env:    []string{"CORRAL_TEST_GH_TOKEN=" + real},
 		})

@@ -30,15 +30,19 @@ import (
 
 var addrEcho = netip.MustParseAddr("203.0.113.90")
 
-const echoPolicy = `network_policies:
-  echo:
+// secretHostPolicy allows host over inspected HTTPS and masks GH_TOKEN,
+// taken from source (a from_env or from_file line), for it alone.
+func secretHostPolicy(host, source string) string {
+	return fmt.Sprintf(`network_policies:
+  h:
     endpoints:
-      - {host: echo.test, port: 443, protocol: rest, access: full}
+      - {host: %s, port: 443, protocol: rest, access: full}
 secrets:
   GH_TOKEN:
-    from_env: CORRAL_TEST_GH_TOKEN
-    hosts: [echo.test]
-`
+    %s
+    hosts: [%s]
+`, host, source, host)
+}
 
 // echoWS is run by python3 inside: a WebSocket client that prints every
 // frame it is sent until the server closes.
@@ -206,7 +210,7 @@ func TestSecretsEchoedBack(t *testing.T) {
 		real := "ghp_" + randomAlnum(36)
 		r := runCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "echo.sh")},
-			policy: basePolicy(echoPolicy),
+			policy: basePolicy(secretHostPolicy("echo.test", "from_env: CORRAL_TEST_GH_TOKEN")),
 			flags:  []string{"--upstream-dns", lab.DNS.String(), "--upstream-ca", caFile, "--env", "W=" + fx.W},
 			env:    []string{"CORRAL_TEST_GH_TOKEN=" + real},
 		})
