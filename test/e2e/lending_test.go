@@ -136,3 +136,24 @@ func TestSocketLendingRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestWorkloadHoldsNoSeccompListener: the filter's listener, with which a
+// workload could take its own connects from the supervisor, reaches the
+// supervisor only; no descriptor of corral's reaches the workload.
+func TestWorkloadHoldsNoSeccompListener(t *testing.T) {
+	forEachMode(t, false, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		r := runCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c", `for f in /proc/$$/fd/*; do echo "$f -> $(readlink $f)"; done`},
+			policy: proxyPolicy("")})
+		if r.code != 0 || !strings.Contains(r.stdout, "/fd/0 ->") {
+			t.Fatalf("want the shell's descriptors listed\n%s", r)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+			// The shell's own: its stdio, its script and the pipe of the
+			// $(...) it is running; nothing of corral's.
+			if strings.Contains(l, "seccomp") || strings.Contains(l, "anon_inode") || strings.Contains(l, "socket:") {
+				t.Errorf("the workload holds %s", l)
+			}
+		}
+	})
+}

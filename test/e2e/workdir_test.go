@@ -382,7 +382,9 @@ func TestHostUserCannotEnterIdmappedWorkdir(t *testing.T) {
 		t.Fatal("workload not found on the host")
 	}
 	dropped := filepath.Join(wd, "dropped-by-host-nobody")
-	script := fmt.Sprintf("ls /proc/%[1]d/root/ >/dev/null && echo ENTERED; cat /proc/%[1]d/root%[2]s/root-secret; echo hi > /proc/%[1]d/root%[3]s && echo WROTE", pid, wd, dropped)
+	// root, cwd and environ take the kernel's ptrace check, as ptrace does.
+	script := fmt.Sprintf("ls /proc/%[1]d/root/ >/dev/null && echo ENTERED; ls /proc/%[1]d/cwd/ >/dev/null && echo ENTERED-CWD; "+
+		"cat /proc/%[1]d/environ >/dev/null && echo READ-ENVIRON; cat /proc/%[1]d/root%[2]s/root-secret; echo hi > /proc/%[1]d/root%[3]s && echo WROTE", pid, wd, dropped)
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}}}
 	out, _ := cmd.CombinedOutput()
@@ -391,7 +393,7 @@ func TestHostUserCannotEnterIdmappedWorkdir(t *testing.T) {
 	if !strings.Contains(r.stdout, fmt.Sprintf("uid=%d(nobody) gid=%d", nobody, planner.SandboxGID)) {
 		t.Errorf("want the workload to run as nobody in the sandbox group\n%s", r)
 	}
-	if strings.Contains(string(out), "ENTERED") || strings.Contains(string(out), "ROOT ONLY") || strings.Contains(string(out), "WROTE") {
+	if strings.Contains(string(out), "ENTERED") || strings.Contains(string(out), "READ-ENVIRON") || strings.Contains(string(out), "ROOT ONLY") || strings.Contains(string(out), "WROTE") {
 		t.Errorf("host uid 65534 entered the sandbox's root through /proc/%d/root:\n%s", pid, out)
 	}
 	if _, err := os.Stat(dropped); err == nil {
