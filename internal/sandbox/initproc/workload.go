@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -102,7 +103,7 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, int, *
 	// What the kernel made of the ids and capabilities, read back from the
 	// running workload: it is killed before it is reported started if any
 	// of it is not what was asked for.
-	if err := verifyWorkload(pid, u); err != nil {
+	if err := awaitVerified(pid, u); err != nil {
 		_ = unix.Kill(pid, unix.SIGKILL)
 		var ws unix.WaitStatus
 		_, _ = unix.Wait4(pid, &ws, 0, nil)
@@ -273,6 +274,27 @@ func verifyInherited() error {
 	return nil
 }
 
+// errExecUncommitted is a check that saw the credentials the workload
+// forked with: ForkExec returns once the exec closed the close-on-exec
+// descriptors, and the kernel commits the new program's credentials a
+// moment later. Rootless, where the workload keeps the init's uid, they
+// are the init's capabilities until then.
+var errExecUncommitted = errors.New("the exec has not committed the workload's credentials yet")
+
+// awaitVerified checks the workload's credentials, again while they are
+// still exactly the ones it forked with, for at most a second: a workload
+// whose exec left it the init's credentials still fails then.
+func awaitVerified(pid int, u plan.User) error {
+	deadline := time.Now().Add(time.Second)
+	for {
+		err := verifyWorkload(pid, u)
+		if !errors.Is(err, errExecUncommitted) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // verifyWorkload reads the workload's credentials as the kernel holds them:
 // every uid and gid the user's, every capability set empty, no_new_privs
 // and a seccomp filter. A workload that already exited is still a zombie
@@ -282,6 +304,17 @@ func verifyWorkload(pid int, u plan.User) error {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return fmt.Errorf("read the workload's status: %w", err)
+	}
+	// What this thread holds: the workload's fork started from it.
+	own, err := os.ReadFile("/proc/thread-self/status")
+	if err != nil {
+		return fmt.Errorf("read the init's status: %w", err)
+	}
+	mine := map[string]string{}
+	for line := range strings.Lines(string(own)) {
+		if k, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), ":"); ok {
+			mine[k] = strings.TrimSpace(v)
+		}
 	}
 	uid, gid := strconv.Itoa(int(u.UID)), strconv.Itoa(int(u.GID))
 	none := []string{"0000000000000000"}
@@ -303,7 +336,11 @@ func verifyWorkload(pid int, u plan.User) error {
 			continue
 		}
 		if got := strings.TrimSpace(v); !slices.Contains(w, got) {
-			return fmt.Errorf("%s is %q, want %q", k, got, w[0])
+			err := fmt.Errorf("%s is %q, want %q", k, got, w[0])
+			if mine[k] == got {
+				err = fmt.Errorf("%w: %w", errExecUncommitted, err)
+			}
+			return err
 		}
 		delete(want, k)
 	}
