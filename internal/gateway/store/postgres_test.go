@@ -2,18 +2,11 @@ package store_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,41 +14,32 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gateway/store/storetest"
+	"github.com/corral-sandbox/corral/internal/testutil/pgserver"
 )
 
-// pgServer is the one PostgreSQL server of this test binary, started by the
+// pg is the one PostgreSQL server of this test binary, started by the
 // first test that needs it and stopped by TestMain.
-type pgServer struct {
-	bin  string // directory of initdb, pg_ctl
-	dir  string // data/, the socket and the log live here
-	cred *syscall.Credential
-}
-
 var (
 	pgOnce    sync.Once
-	pg        *pgServer
+	pg        *pgserver.Server
 	pgSkip    string // why PostgreSQL tests cannot run here
 	pgErr     error
 	pgDBCount atomic.Int64
 )
 
-// pgDirPrefix names the server directories in the temp dir, so a run can
-// find and remove what a crashed run left behind.
-const pgDirPrefix = "corral-pgtest-"
-
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if pg != nil {
-		pg.stop()
+		pg.Stop()
 	}
 	os.Exit(code)
 }
 
 // needPostgres returns the server, skipping the test (failing it on CI,
 // where CORRAL_NO_SKIP=1) when PostgreSQL is not installed.
-func needPostgres(t testing.TB) *pgServer {
+func needPostgres(t testing.TB) *pgserver.Server {
 	t.Helper()
-	pgOnce.Do(func() { pg, pgSkip, pgErr = startPostgres() })
+	pgOnce.Do(func() { pg, pgSkip, pgErr = pgserver.Start() })
 	switch {
 	case pgErr != nil:
 		t.Fatalf("start PostgreSQL: %v", pgErr)
@@ -67,135 +51,12 @@ func needPostgres(t testing.TB) *pgServer {
 	return pg
 }
 
-func startPostgres() (*pgServer, string, error) {
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(bins) == 0 {
-		return nil, "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb)", nil
-	}
-	// The newest major version, numerically (10 after 9).
-	sort.Slice(bins, func(i, j int) bool { return pgMajor(bins[i]) < pgMajor(bins[j]) })
-	s := &pgServer{bin: filepath.Dir(bins[len(bins)-1])}
-	removeStalePostgres(s.bin)
-
-	dir, err := os.MkdirTemp("", pgDirPrefix)
-	if err != nil {
-		return nil, "", err
-	}
-	s.dir = dir
-	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		return nil, "", err
-	}
-	// PostgreSQL refuses to run as root: run it as its own system user.
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			u, err = user.Lookup("nobody")
-		}
-		if err != nil {
-			return nil, "", fmt.Errorf("no unprivileged user to run PostgreSQL as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, "", err
-		}
-	}
-	data := filepath.Join(dir, "data")
-	if err := s.run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
-		s.remove()
-		return nil, "", err
-	}
-	// Unix socket only; durability is not what these tests check.
-	conf := fmt.Sprintf("listen_addresses = ''\nunix_socket_directories = '%s'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n", dir)
-	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err == nil {
-		_, err = f.WriteString(conf)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err != nil {
-		s.remove()
-		return nil, "", err
-	}
-	if err := s.run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-		s.remove()
-		return nil, "", fmt.Errorf("%w\nserver log:\n%s", err, log)
-	}
-	return s, "", nil
-}
-
-func pgMajor(initdb string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(initdb))))
-	return n
-}
-
-// run runs one of the server's tools as the server's user.
-func (s *pgServer) run(tool string, args ...string) error {
-	cmd := exec.Command(filepath.Join(s.bin, tool), args...)
-	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	if s.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s: %w\n%s", tool, err, out)
-	}
-	return nil
-}
-
-func (s *pgServer) stop() {
-	if err := s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "stop", "-m", "immediate"); err != nil {
-		fmt.Fprintln(os.Stderr, "stop PostgreSQL:", err)
-	}
-	s.remove()
-}
-
-func (s *pgServer) remove() {
-	if err := os.RemoveAll(s.dir); err != nil {
-		fmt.Fprintln(os.Stderr, "remove PostgreSQL test directory:", err)
-	}
-}
-
-// removeStalePostgres stops and removes the servers of test binaries that
-// died before their TestMain could (a timeout, a kill), leaving alone those
-// of runs still going.
-func removeStalePostgres(bin string) {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), pgDirPrefix+"*"))
-	for _, dir := range dirs {
-		b, err := os.ReadFile(filepath.Join(dir, "owner"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
-			continue
-		}
-		stale := &pgServer{bin: bin, dir: dir}
-		if fi, err := os.Stat(dir); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 {
-				stale.cred = &syscall.Credential{Uid: st.Uid, Gid: st.Gid}
-			}
-		}
-		if _, err := os.Stat(filepath.Join(dir, "data", "postmaster.pid")); err == nil {
-			stale.run("pg_ctl", "-D", filepath.Join(dir, "data"), "stop", "-m", "immediate")
-		}
-		stale.remove()
-	}
-}
-
-func (s *pgServer) url(db string) string {
-	return fmt.Sprintf("postgres:///%s?host=%s&user=postgres", db, s.dir)
-}
-
 // newDatabase creates an empty database for one test and drops it after.
-func (s *pgServer) newDatabase(t testing.TB) string {
+func newDatabase(t testing.TB, s *pgserver.Server) string {
 	t.Helper()
 	ctx := context.Background()
 	name := fmt.Sprintf("t%d", pgDBCount.Add(1))
-	admin, err := pgx.Connect(ctx, s.url("postgres"))
+	admin, err := pgx.Connect(ctx, s.URL("postgres"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +65,7 @@ func (s *pgServer) newDatabase(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		admin, err := pgx.Connect(ctx, s.url("postgres"))
+		admin, err := pgx.Connect(ctx, s.URL("postgres"))
 		if err != nil {
 			t.Error(err)
 			return
@@ -214,7 +75,7 @@ func (s *pgServer) newDatabase(t testing.TB) string {
 			t.Error(err)
 		}
 	})
-	return s.url(name)
+	return s.URL(name)
 }
 
 func TestPostgres(t *testing.T) {
@@ -222,7 +83,7 @@ func TestPostgres(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store {
 		// More connections than pgx's default of 4 on this machine, so
 		// the concurrency tests really race.
-		s, err := store.OpenPostgres(context.Background(), srv.newDatabase(t)+"&pool_max_conns=16")
+		s, err := store.OpenPostgres(context.Background(), newDatabase(t, srv)+"&pool_max_conns=16")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -247,7 +108,7 @@ func TestPostgresMigrations(t *testing.T) {
 	srv := needPostgres(t)
 	storetest.RunMigrations(t, storetest.Migrations{
 		Latest: store.LatestVersion("postgres"),
-		New:    func(t *testing.T) string { return srv.newDatabase(t) },
+		New:    func(t *testing.T) string { return newDatabase(t, srv) },
 		OpenAt: func(t *testing.T, url string, version int) (store.Store, error) {
 			return store.OpenPostgresAt(context.Background(), url, version)
 		},
@@ -270,7 +131,7 @@ func TestPostgresMigrations(t *testing.T) {
 // database must not trip over each other's migrations.
 func TestPostgresConcurrentOpen(t *testing.T) {
 	srv := needPostgres(t)
-	url := srv.newDatabase(t)
+	url := newDatabase(t, srv)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for i := 0; i < 4; i++ {
@@ -294,7 +155,7 @@ func TestPostgresConcurrentOpen(t *testing.T) {
 
 func TestOpenPostgresURL(t *testing.T) {
 	srv := needPostgres(t)
-	url := srv.newDatabase(t)
+	url := newDatabase(t, srv)
 	for _, u := range []string{url, strings.Replace(url, "postgres://", "postgresql://", 1)} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		s, err := store.Open(ctx, u, "")
@@ -310,7 +171,7 @@ func TestOpenPostgresURL(t *testing.T) {
 // (fsync off, so it measures the store, not the disk).
 func BenchmarkAppendLogsPostgres(b *testing.B) {
 	srv := needPostgres(b)
-	s, err := store.OpenPostgres(context.Background(), srv.newDatabase(b))
+	s, err := store.OpenPostgres(context.Background(), newDatabase(b, srv))
 	if err != nil {
 		b.Fatal(err)
 	}

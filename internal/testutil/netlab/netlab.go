@@ -48,6 +48,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -150,6 +151,7 @@ type Lab struct {
 	httpSeen   []Seen
 	tcpSeen    []ConnSeen
 	closers    []func()
+	nsFD       int // the lab namespace, for listeners added after Start
 	conns      map[net.Conn]struct{}
 	streams    map[string]*labStream
 	sites      map[string]http.Handler // by host name, see Serve
@@ -235,6 +237,7 @@ func Start(t testing.TB, hosts ...Host) *Lab {
 	// sockets are closed the kernel frees the namespace and its veth end.
 	t.Cleanup(func() { unix.Close(w.fd) })
 	defer w.stop()
+	l.nsFD = w.fd
 
 	pid := strconv.Itoa(os.Getpid())
 	hostName, labName := linkPrefix+pid+"h", linkPrefix+pid+"n"
@@ -670,6 +673,40 @@ func (l *Lab) Serve(name string, h http.Handler) {
 		l.sites = map[string]http.Handler{}
 	}
 	l.sites[normName(name)] = h
+}
+
+// ServeTCP runs handle for every connection to port on addr, one of the
+// lab's host addresses, until the lab shuts down: a way to put a real
+// server (PostgreSQL, sshd in inetd mode) behind a lab address.
+func (l *Lab) ServeTCP(t testing.TB, addr netip.Addr, port int, handle func(net.Conn)) {
+	t.Helper()
+	if !slices.ContainsFunc(l.Hosts, func(h Host) bool { return h.Addr == addr }) {
+		t.Fatalf("netlab: ServeTCP on %s, which is not one of the lab's host addresses", addr)
+	}
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// Never unlocked: the thread joins the lab namespace, and a
+		// goroutine that exits locked takes its thread with it.
+		runtime.LockOSThread()
+		if err := unix.Setns(l.nsFD, unix.CLONE_NEWNET); err != nil {
+			done <- result{err: fmt.Errorf("enter the lab namespace: %w", err)}
+			return
+		}
+		ln, err := net.Listen("tcp4", netip.AddrPortFrom(addr, uint16(port)).String())
+		done <- result{ln, err}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("netlab: listen on %s:%d: %v", addr, port, r.err)
+	}
+	l.mu.Lock()
+	l.closers = append(l.closers, func() { r.ln.Close() })
+	l.mu.Unlock()
+	l.serveRaw(r.ln, handle)
 }
 
 // connKey is the request context key under which serveHTTP stores the
