@@ -627,7 +627,7 @@ func newEgress(p *policy.Compiled, routes *inference.Config, pl *plan.Plan, host
 		return nil, err
 	}
 	return assemble.New(assemble.Config{
-		ID: id, Policy: p, Rules: rules, UpstreamDNS: f.upstreamDNS, UpstreamRoots: roots,
+		ID: id, Hostname: pl.Hostname, Policy: p, Rules: rules, UpstreamDNS: f.upstreamDNS, UpstreamRoots: roots,
 		Secrets: masked, Inference: routes, Limits: pl.Limits, Audit: aud, Log: log,
 		RouteKeys: func(origin string, rs []inference.Route) error { return planner.RouteKeysHidden(pl, host, origin, rs) },
 	})

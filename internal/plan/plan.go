@@ -14,6 +14,11 @@ import (
 // Plan is everything the in-sandbox init needs, and everything explain shows.
 // It travels to the init as JSON, so field names are part of the protocol
 // between a supervisor and the init it re-executes (always the same binary).
+// HostnameAddr is the sandbox's own hostname's address, in its /etc/hosts
+// and from its resolver: loopback inside the sandbox, as Debian names its
+// host 127.0.1.1.
+const HostnameAddr = "127.0.1.1"
+
 type Plan struct {
 	Caged    bool   `json:"caged"`
 	Workdir  string `json:"workdir"`

@@ -362,6 +362,7 @@ func (b *builder) mounts() error {
 	} else {
 		b.pl.State = plan.State{Mode: "none"}
 	}
+	b.etcHosts(&mounts, targets)
 	if b.pl.Network.Capture != nil {
 		b.resolvConf(&mounts)
 		if err := b.caBundle(&mounts, targets); err != nil {
@@ -393,6 +394,24 @@ func (b *builder) resolvConf(mounts *[]plan.Mount) {
 	}
 	*mounts = append(*mounts, plan.Mount{Kind: plan.KindBind, Source: statedir.ResolvConf(b.c.StateDir, b.c.ID), Target: target,
 		ReadOnly: true, Why: "resolver at the capture address"})
+}
+
+// etcHosts covers the host's /etc/hosts, where the sandbox sees it, with a
+// copy that also names the sandbox's own hostname: git, Java's
+// InetAddress.getLocalHost and Python's getfqdn look their host's name up,
+// and without an entry that lookup would fail (or, in proxy mode, go to
+// the DNS policy as if it were a host on the internet).
+func (b *builder) etcHosts(mounts *[]plan.Mount, targets map[string]bool) {
+	const target = "/etc/hosts"
+	if targets[target] || !underAny(target, targets) {
+		return
+	}
+	if fi, err := b.h.FS.Lstat(target); err != nil || fi.Type != TypeFile {
+		b.skip(target, "the host's file is missing or not a regular file; the sandbox's own hostname does not resolve")
+		return
+	}
+	*mounts = append(*mounts, plan.Mount{Kind: plan.KindBind, Source: statedir.Hosts(b.c.StateDir, b.c.ID), Target: target,
+		ReadOnly: true, Why: "the host's entries and the sandbox's hostname"})
 }
 
 // caBundle mounts the directory holding the sandbox CA and covers each

@@ -17,6 +17,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
+	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -103,8 +104,8 @@ func debianHost() Host {
 		FS: fakeFS{
 			"/usr": "", "/usr/lib": "", "/usr/lib64": "", "/lib": "->usr/lib", "/lib64": "->usr/lib64",
 			"/bin": "->usr/bin", "/sbin": "->usr/sbin", "/usr/bin": "", "/usr/sbin": "", "/etc": "", "/opt": "",
-			"/etc/ssl/certs/ca-certificates.crt": "file",
-			"/home":                              "", "/home/ada": "owner=1000:1000", "/home/ada/proj": "owner=1000:1000",
+			"/etc/ssl/certs/ca-certificates.crt": "file", "/etc/hosts": "file",
+			"/home": "", "/home/ada": "owner=1000:1000", "/home/ada/proj": "owner=1000:1000",
 			"/home/ada/proj/link": "->/home/ada/.ssh", "/home/ada/.ssh": "owner=1000:1000 mode=0700",
 			"/srv": "", "/srv/data": "owner=0:0 mode=0755", "/root": "owner=0:0 mode=0700", "/root/w": "owner=0:0",
 		},
@@ -373,5 +374,38 @@ func TestNestedReadOnlyParentsPinned(t *testing.T) {
 	}
 	if planMount(pl, "/usr/lib") != nil {
 		t.Error("a read-only path outside every writable one got pins")
+	}
+}
+
+// The sandbox's hostname resolves through its own /etc/hosts wherever the
+// sandbox sees /etc; a policy that lists the file itself keeps it as it is.
+func TestEtcHosts(t *testing.T) {
+	// hostsMount is corral's cover of /etc/hosts, if the plan has one.
+	hostsMount := func(pl *plan.Plan) *plan.Mount {
+		for i, m := range pl.Mounts {
+			if m.Source == statedir.Hosts("/var/lib/corral", "x") {
+				if m.Target != "/etc/hosts" || m.Kind != plan.KindBind || !m.ReadOnly {
+					t.Errorf("got %+v, want a read-only bind on /etc/hosts", m)
+				}
+				return &pl.Mounts[i]
+			}
+		}
+		return nil
+	}
+	const etc = "version: 1\nfilesystem_policy:\n  read_only: [/usr, /etc]\n"
+	if hostsMount(buildPlan(t, etc, "/home/ada/proj", "", debianHost())) == nil {
+		t.Errorf("/etc is visible but /etc/hosts is not covered")
+	}
+	if m := hostsMount(buildPlan(t, "version: 1\nfilesystem_policy:\n  read_only: [/usr]\n", "/home/ada/proj", "", debianHost())); m != nil {
+		t.Errorf("/etc is not visible, yet /etc/hosts is mounted: %+v", m)
+	}
+	if m := hostsMount(buildPlan(t, "version: 1\nfilesystem_policy:\n  read_only: [/usr, /etc/hosts]\n", "/home/ada/proj", "", debianHost())); m != nil {
+		t.Errorf("the policy lists /etc/hosts itself, yet corral covers it: %+v", m)
+	}
+	h := debianHost()
+	delete(h.FS.(fakeFS), "/etc/hosts")
+	pl := buildPlan(t, etc, "/home/ada/proj", "", h)
+	if hostsMount(pl) != nil || !slices.ContainsFunc(pl.Skipped, func(s plan.Skipped) bool { return s.Path == "/etc/hosts" }) {
+		t.Errorf("the host has no /etc/hosts: want it skipped and said so, got mounts %v skipped %v", pl.Mounts, pl.Skipped)
 	}
 }

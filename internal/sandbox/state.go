@@ -74,6 +74,7 @@ func (r *runDir) remove() error {
 		ignoreNotExist(os.Remove(filepath.Join(r.path, "lock"))),
 		ignoreNotExist(os.Remove(statedir.Control(r.state, r.id))),
 		ignoreNotExist(os.Remove(statedir.ResolvConf(r.state, r.id))),
+		ignoreNotExist(os.Remove(statedir.Hosts(r.state, r.id))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca-bundle.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), assemble.JavaTrustStoreFile))),

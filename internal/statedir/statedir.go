@@ -7,6 +7,7 @@
 //	<state>/run/<id>/                      one live sandbox (lock, root mountpoint)
 //	<state>/run/<id>/control.sock          the sandbox's control socket
 //	<state>/run/<id>/resolv.conf           /etc/resolv.conf in proxy mode
+//	<state>/run/<id>/hosts                 /etc/hosts: the host's, plus the sandbox's name
 //	<state>/run/<id>/scratch               /scratch for state: ephemeral
 //	<state>/sessions/<session>/scratch     /scratch for state: scratch
 package statedir
@@ -53,6 +54,9 @@ func Control(state, id string) string { return filepath.Join(Run(state, id), "co
 
 // ResolvConf is the sandbox's /etc/resolv.conf in proxy mode.
 func ResolvConf(state, id string) string { return filepath.Join(Run(state, id), "resolv.conf") }
+
+// Hosts is the sandbox's /etc/hosts.
+func Hosts(state, id string) string { return filepath.Join(Run(state, id), "hosts") }
 
 // TLS holds the sandbox CA certificate and the combined bundle in proxy
 // mode (never the CA's key, which stays in the supervisor's memory).

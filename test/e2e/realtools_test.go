@@ -77,3 +77,34 @@ func TestWalltimeInSummary(t *testing.T) {
 		t.Errorf("sandbox.start summary %q does not say walltime=7s", s)
 	}
 }
+
+// TestOwnHostnameResolves: tools look their own host's name up (git for
+// its default identity, Java's InetAddress.getLocalHost, Python's getfqdn).
+// The sandbox's name resolves, without the network (block) and without a
+// denied name or a policy draft for it (proxy).
+func TestOwnHostnameResolves(t *testing.T) {
+	t.Parallel()
+	const script = `n=$(hostname)
+getent ahosts "$n" | awk '{print "AHOSTS", $1}' | sort -u
+getent hosts "$n" | awk '{print "HOSTS", $1}'
+python3 -c 'import socket; print("PY", socket.gethostbyname(socket.gethostname()), socket.getfqdn())'
+`
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		for _, net := range []string{"block", "proxy"} {
+			t.Run(net, func(t *testing.T) {
+				fx := newFixture(t, m)
+				pol := basePolicy("network:\n  mode: " + net + "\n")
+				r := runCorral(t, fx, runOpts{policy: pol, args: []string{"/bin/sh", "-c", script}})
+				id := r.sandboxID(t)
+				if r.code != 0 || !strings.Contains(r.stdout, "AHOSTS 127.0.1.1\n") || !strings.Contains(r.stdout, "HOSTS 127.0.1.1\n") || !strings.Contains(r.stdout, "PY 127.0.1.1 corral-"+id+"\n") {
+					t.Fatalf("the sandbox's hostname does not resolve to %s\n%s", "127.0.1.1", r)
+				}
+				for _, e := range []string{"net.dns.denied", "draft.proposed"} {
+					if len(r.find(e)) != 0 {
+						t.Errorf("looking up its own name gave %s events\n%s", e, r)
+					}
+				}
+			})
+		}
+	})
+}

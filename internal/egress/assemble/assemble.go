@@ -46,8 +46,11 @@ import (
 // Config is what an egress is built from.
 type Config struct {
 	// ID names the sandbox; its CA carries it.
-	ID     string
-	Policy *policy.Compiled
+	ID string
+	// Hostname is the sandbox's own name: its resolver answers it as the
+	// sandbox's /etc/hosts does, so looking it up is never a denied name.
+	Hostname string
+	Policy   *policy.Compiled
 	// Rules replace the built-in decision rules (--policy-rules); nil
 	// keeps them.
 	Rules []byte
@@ -242,7 +245,8 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 		g.Services[name] = &localsvc.Service{Name: name, Handler: h, CA: e.ca, Log: c.Log}
 	}
 	e.gate.Store(g)
-	resolver := &dns.Server{Decider: localNames{e.policy, g.Services}, Audit: c.Audit, Log: c.Log, Pool: pool, Learn: learn}
+	resolver := &dns.Server{Decider: localNames{e.policy, g.Services}, Audit: c.Audit, Log: c.Log, Pool: pool, Learn: learn,
+		Self: c.Hostname}
 	idle := time.Duration(c.Limits.TunnelIdleMS) * time.Millisecond
 	tp := &transparent.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
 	hp := &httpproxy.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle, Advice: e.advice}

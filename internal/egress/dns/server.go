@@ -25,6 +25,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
+	"github.com/corral-sandbox/corral/internal/plan"
 )
 
 const (
@@ -54,6 +55,12 @@ type Server struct {
 	// the name still leaves the supervisor only when a connection to it
 	// is made, and the gate decides that connection.
 	Learn bool
+	// Self is the sandbox's hostname, answered with plan.HostnameAddr (A)
+	// or nothing (other types) as its /etc/hosts has it: tools look their
+	// own name up (git, Java, Python's getfqdn), and the AAAA query the
+	// file cannot answer would otherwise be a denied name, with a policy
+	// draft proposed for it.
+	Self string
 
 	once      sync.Once
 	denied    *eventLimiter
@@ -306,6 +313,16 @@ func (s *Server) answer(q *mdns.Msg, src netip.AddrPort) *mdns.Msg {
 	if !validHostname(name) {
 		s.deny(qs, name, src, "invalid_name")
 		r.Rcode = mdns.RcodeNameError
+		return r
+	}
+
+	if s.Self != "" && name == normalize(s.Self) {
+		if qs.Qtype == mdns.TypeA {
+			r.Answer = []mdns.RR{&mdns.A{
+				Hdr: mdns.RR_Header{Name: qs.Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: TTL},
+				A:   net.ParseIP(plan.HostnameAddr).To4(),
+			}}
+		}
 		return r
 	}
 

@@ -19,6 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/audit"
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/netclass"
+	"github.com/corral-sandbox/corral/internal/plan"
 )
 
 // fakeDecider allows example.com and its subdomains and records every name
@@ -86,7 +87,7 @@ type harness struct {
 func newServer(t *testing.T, prefix netip.Prefix) (*Server, *fakeDecider, *syncBuffer) {
 	d := &fakeDecider{t: t}
 	buf := &syncBuffer{}
-	return &Server{Decider: d, Audit: audit.New(buf), Pool: NewPool(prefix)}, d, buf
+	return &Server{Decider: d, Audit: audit.New(buf), Pool: NewPool(prefix), Self: "corral-0123abcd"}, d, buf
 }
 
 // start serves on real sockets on 127.0.0.1 and checks both loops stop
@@ -218,6 +219,32 @@ func TestAAAAAndOtherTypesAreEmpty(t *testing.T) {
 	})
 	if n := h.srv.Pool.Len(); n != 0 {
 		t.Errorf("non-A queries allocated %d addresses", n)
+	}
+}
+
+// The sandbox's own hostname is answered as its /etc/hosts answers it,
+// whatever the policy, without asking the policy and without an event.
+func TestOwnHostname(t *testing.T) {
+	h := start(t, netclass.SyntheticPrefix)
+	transports(t, func(t *testing.T, network string) {
+		for _, name := range []string{"corral-0123abcd.", "CORRAL-0123ABCD."} {
+			if a := aRecord(t, exchange(t, network, h.addr(network), name, mdns.TypeA)); a != netip.MustParseAddr(plan.HostnameAddr) {
+				t.Errorf("%s A: got %v, want %s", name, a, plan.HostnameAddr)
+			}
+			if r := exchange(t, network, h.addr(network), name, mdns.TypeAAAA); r.Rcode != mdns.RcodeSuccess || len(r.Answer) != 0 {
+				t.Errorf("%s AAAA: want NOERROR with no records, got %s", name, r)
+			}
+		}
+		// A name below it is any other name.
+		if r := exchange(t, network, h.addr(network), "x.corral-0123abcd.", mdns.TypeA); r.Rcode != mdns.RcodeNameError {
+			t.Errorf("a name below the hostname: want NXDOMAIN, got %s", r)
+		}
+	})
+	if n := h.decider.names(); len(n) != 2 || n[0] != "x.corral-0123abcd" {
+		t.Errorf("the policy was asked about %v; want only the name below the hostname, once per transport", n)
+	}
+	if ev := h.audit.events(t); len(ev) != 2 {
+		t.Errorf("want the two refusals of the name below the hostname only, got %v", ev)
 	}
 }
 
