@@ -253,6 +253,16 @@ var SystemBundles = []string{
 	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
 }
 
+// BrowserConfigDirs are where Chromium (Debian's) and Google Chrome read
+// their managed policies (policies/managed/*.json). Neither browser reads
+// the CA bundle or the variables; in proxy mode each of these directories
+// that exists on the host and is visible inside is covered by a copy that
+// adds BrowserPolicyFile, whose CACertificates policy trusts the sandbox CA.
+var BrowserConfigDirs = []string{"/etc/chromium", "/etc/opt/chrome"}
+
+// BrowserPolicyFile is corral's file in a browser's managed policies.
+const BrowserPolicyFile = "policies/managed/corral-sandbox-ca.json"
+
 // State describes /scratch.
 type State struct {
 	Mode string `json:"mode"`

@@ -368,6 +368,7 @@ func (b *builder) mounts() error {
 		if err := b.caBundle(&mounts, targets); err != nil {
 			return err
 		}
+		b.browserConfig(&mounts, targets)
 	}
 	if err := b.keyFilesHidden(mounts); err != nil {
 		return err
@@ -436,6 +437,23 @@ func (b *builder) caBundle(mounts *[]plan.Mount, targets map[string]bool) error 
 			Why: "system CA bundle replaced by system roots + sandbox CA"})
 	}
 	return nil
+}
+
+// browserConfig covers each browser configuration directory the sandbox
+// sees with the copy the supervisor makes, which adds a managed policy
+// trusting the sandbox CA. A directory the host lacks cannot be added
+// under the read-only /etc; the browser then does not trust the CA.
+func (b *builder) browserConfig(mounts *[]plan.Mount, targets map[string]bool) {
+	for _, dir := range plan.BrowserConfigDirs {
+		if targets[dir] || !underAny(dir, targets) {
+			continue
+		}
+		if fi, err := b.h.FS.Lstat(dir); err != nil || fi.Type != TypeDir {
+			continue
+		}
+		*mounts = append(*mounts, plan.Mount{Kind: plan.KindBind, Source: filepath.Join(statedir.Browser(b.c.StateDir, b.c.ID), dir),
+			Target: dir, ReadOnly: true, Why: "the host's browser configuration, plus a managed policy trusting the sandbox CA"})
+	}
 }
 
 // keyFilesHidden refuses a masked secret's or an inference route key's

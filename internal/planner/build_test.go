@@ -104,7 +104,7 @@ func debianHost() Host {
 		FS: fakeFS{
 			"/usr": "", "/usr/lib": "", "/usr/lib64": "", "/lib": "->usr/lib", "/lib64": "->usr/lib64",
 			"/bin": "->usr/bin", "/sbin": "->usr/sbin", "/usr/bin": "", "/usr/sbin": "", "/etc": "", "/opt": "",
-			"/etc/ssl/certs/ca-certificates.crt": "file", "/etc/hosts": "file",
+			"/etc/ssl/certs/ca-certificates.crt": "file", "/etc/hosts": "file", "/etc/chromium": "",
 			"/home": "", "/home/ada": "owner=1000:1000", "/home/ada/proj": "owner=1000:1000",
 			"/home/ada/proj/link": "->/home/ada/.ssh", "/home/ada/.ssh": "owner=1000:1000 mode=0700",
 			"/srv": "", "/srv/data": "owner=0:0 mode=0755", "/root": "owner=0:0 mode=0700", "/root/w": "owner=0:0",
@@ -407,5 +407,33 @@ func TestEtcHosts(t *testing.T) {
 	pl := buildPlan(t, etc, "/home/ada/proj", "", h)
 	if hostsMount(pl) != nil || !slices.ContainsFunc(pl.Skipped, func(s plan.Skipped) bool { return s.Path == "/etc/hosts" }) {
 		t.Errorf("the host has no /etc/hosts: want it skipped and said so, got mounts %v skipped %v", pl.Mounts, pl.Skipped)
+	}
+}
+
+// In proxy mode a browser configuration directory the host has is covered
+// by the supervisor's copy (which trusts the sandbox CA); one the host
+// lacks, block mode, and a directory the policy lists itself are left be.
+func TestBrowserConfig(t *testing.T) {
+	browser := func(pl *plan.Plan) []string {
+		var out []string
+		for _, m := range pl.Mounts {
+			if strings.HasPrefix(m.Source, statedir.Browser("/var/lib/corral", "x")+"/") {
+				if m.Source != statedir.Browser("/var/lib/corral", "x")+m.Target || !m.ReadOnly || m.Kind != plan.KindBind {
+					t.Errorf("got %+v, want a read-only bind of the copy", m)
+				}
+				out = append(out, m.Target)
+			}
+		}
+		return out
+	}
+	const proxy = "version: 1\nfilesystem_policy:\n  read_only: [/usr, /etc]\nnetwork:\n  mode: proxy\n"
+	if got := browser(buildPlan(t, proxy, "/home/ada/proj", "", debianHost())); !slices.Equal(got, []string{"/etc/chromium"}) {
+		t.Errorf("proxy mode: covered %v, want /etc/chromium only (the host has no /etc/opt/chrome)", got)
+	}
+	if got := browser(buildPlan(t, strings.Replace(proxy, "proxy\n", "block\n", 1), "/home/ada/proj", "", debianHost())); len(got) != 0 {
+		t.Errorf("block mode: covered %v, want nothing (there is no CA)", got)
+	}
+	if got := browser(buildPlan(t, strings.Replace(proxy, "/etc]", "/etc, /etc/chromium]", 1), "/home/ada/proj", "", debianHost())); len(got) != 0 {
+		t.Errorf("a policy listing /etc/chromium: covered %v, want it as the policy says", got)
 	}
 }

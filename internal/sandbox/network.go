@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/corral-sandbox/corral/internal/advisor/policylocal"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
@@ -16,8 +18,9 @@ import (
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
-// writeCA puts the CA certificate and the combined bundle where the plan
-// mounts them inside the sandbox, and starts writing the Java trust store
+// writeCA puts the CA certificate, the combined bundle and the browsers'
+// managed policy where the plan mounts them inside the sandbox, and starts
+// writing the Java trust store
 // there; the returned wait reports when that is done. The directory is
 // bind-mounted, so the store only has to exist before the workload runs.
 func (s *supervisor) writeCA() (wait func() error, err error) {
@@ -43,6 +46,13 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 			return nil, fmt.Errorf("write sandbox CA: %w", err)
 		}
 	}
+	policy, err := s.Egress.BrowserPolicy()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.writeBrowserConfig(policy); err != nil {
+		return nil, err
+	}
 	// The plan mounts this directory at /run/corral: the policy advisor's
 	// skill file for agents lands at policylocal.SkillPath.
 	skills := filepath.Join(dir, "skills")
@@ -52,7 +62,7 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 	if err := os.Chmod(skills, 0o755); err != nil {
 		return nil, fmt.Errorf("skills directory: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(skills, filepath.Base(policylocal.SkillPath)), policylocal.Skill, 0o644); err != nil {
+	if err := writeReadable(filepath.Join(skills, filepath.Base(policylocal.SkillPath)), policylocal.Skill); err != nil {
 		return nil, fmt.Errorf("write policy advisor skill: %w", err)
 	}
 	done := make(chan error, 1)
@@ -74,13 +84,43 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 
 // writeFile writes what write produces to a new file at path, straight
 // from where it is: set-up's heap is kept small, so that no garbage
-// collection runs as the workload starts (GODEBUG=gctrace=1).
+// collection runs as the workload starts (GODEBUG=gctrace=1). The file is
+// 0644 whatever the umask: the workload reads it as another user.
 func writeFile(path string, write func(io.Writer) error) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}
-	return errors.Join(write(f), f.Close())
+	return errors.Join(f.Chmod(0o644), write(f), f.Close())
+}
+
+// writeReadable writes data to path as writeFile does.
+func writeReadable(path string, data []byte) error {
+	return writeFile(path, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// mkdirReadable creates base and dir below it, with any directories
+// between, each 0755 whatever the umask, for the workload to enter as
+// another user. base's parent must exist.
+func mkdirReadable(base, dir string) error {
+	rel, err := filepath.Rel(base, dir)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("%s is not below %s", dir, base)
+	}
+	p := base
+	for _, part := range append([]string{"."}, strings.Split(rel, "/")...) {
+		p = filepath.Join(p, part)
+		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if err := os.Chmod(p, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // startEgress starts the policy advisor, receives the listeners the init

@@ -75,6 +75,9 @@ func (r *runDir) remove() error {
 		ignoreNotExist(os.Remove(statedir.Control(r.state, r.id))),
 		ignoreNotExist(os.Remove(statedir.ResolvConf(r.state, r.id))),
 		ignoreNotExist(os.Remove(statedir.Hosts(r.state, r.id))),
+		// Copies of host files only, never a mountpoint: the sandbox's
+		// mounts of them are in its own mount namespace.
+		os.RemoveAll(statedir.Browser(r.state, r.id)),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), "ca-bundle.pem"))),
 		ignoreNotExist(os.Remove(filepath.Join(statedir.TLS(r.state, r.id), assemble.JavaTrustStoreFile))),

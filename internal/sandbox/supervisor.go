@@ -660,7 +660,7 @@ func (s *supervisor) prepareScratch() error {
 func (s *supervisor) writeEtcFiles() error {
 	if c := s.Plan.Network.Capture; c != nil {
 		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
-		if err := os.WriteFile(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf), 0o644); err != nil {
+		if err := writeReadable(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf)); err != nil {
 			return fmt.Errorf("write resolv.conf: %w", err)
 		}
 	}
@@ -674,7 +674,7 @@ func (s *supervisor) writeEtcFiles() error {
 		host = append(host, '\n')
 	}
 	hosts := fmt.Appendf(host, "# added by corral: the sandbox's own name\n%s\t%s\n", plan.HostnameAddr, s.Plan.Hostname)
-	if err := os.WriteFile(statedir.Hosts(s.StateDir, s.ID), hosts, 0o644); err != nil {
+	if err := writeReadable(statedir.Hosts(s.StateDir, s.ID), hosts); err != nil {
 		return fmt.Errorf("write hosts: %w", err)
 	}
 	return nil

@@ -8,6 +8,7 @@
 //	<state>/run/<id>/control.sock          the sandbox's control socket
 //	<state>/run/<id>/resolv.conf           /etc/resolv.conf in proxy mode
 //	<state>/run/<id>/hosts                 /etc/hosts: the host's, plus the sandbox's name
+//	<state>/run/<id>/browser/<dir>         a browser's /etc directory, plus a policy trusting the CA
 //	<state>/run/<id>/scratch               /scratch for state: ephemeral
 //	<state>/sessions/<session>/scratch     /scratch for state: scratch
 package statedir
@@ -57,6 +58,10 @@ func ResolvConf(state, id string) string { return filepath.Join(Run(state, id), 
 
 // Hosts is the sandbox's /etc/hosts.
 func Hosts(state, id string) string { return filepath.Join(Run(state, id), "hosts") }
+
+// Browser holds the copies of browsers' configuration directories (their
+// host paths below it) that trust the sandbox CA in proxy mode.
+func Browser(state, id string) string { return filepath.Join(Run(state, id), "browser") }
 
 // TLS holds the sandbox CA certificate and the combined bundle in proxy
 // mode (never the CA's key, which stays in the supervisor's memory).

@@ -342,6 +342,8 @@ type runOpts struct {
 	// stdio, when set, are corral's fds 0–2 instead of /dev/null and the
 	// result's buffers.
 	stdio []*os.File
+	// umask, when set, is corral's umask (e.g. "077").
+	umask string
 }
 
 type result struct {
@@ -465,7 +467,11 @@ func startCorral(t *testing.T, fx *fixture, o runOpts) *proc {
 	if o.bin != "" {
 		bin = o.bin
 	}
-	shArgs := append([]string{"-c", `exec "$0" run --env "SUPPID=$$" "$@"`, bin}, args...)
+	script := `exec "$0" run --env "SUPPID=$$" "$@"`
+	if o.umask != "" {
+		script = "umask " + o.umask + " && " + script
+	}
+	shArgs := append([]string{"-c", script, bin}, args...)
 	cmd := exec.CommandContext(ctx, "/bin/sh", shArgs...)
 	cmd.Dir = fx.W
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}

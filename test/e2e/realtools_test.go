@@ -81,10 +81,13 @@ func TestWalltimeInSummary(t *testing.T) {
 // TestOwnHostnameResolves: tools look their own host's name up (git for
 // its default identity, Java's InetAddress.getLocalHost, Python's getfqdn).
 // The sandbox's name resolves, without the network (block) and without a
-// denied name or a policy draft for it (proxy).
+// denied name or a policy draft for it (proxy). corral runs under umask
+// 077 here, and what it made for the workload stays readable to it.
 func TestOwnHostnameResolves(t *testing.T) {
 	t.Parallel()
 	const script = `n=$(hostname)
+echo "UMASK $(umask)"
+for f in /etc/hosts /etc/resolv.conf /run/corral/ca-bundle.pem /etc/ssl/certs/ca-certificates.crt; do [ -e "$f" ] && { head -c1 "$f" >/dev/null && echo "READ $f" || echo "UNREADABLE $f"; }; done
 getent ahosts "$n" | awk '{print "AHOSTS", $1}' | sort -u
 getent hosts "$n" | awk '{print "HOSTS", $1}'
 python3 -c 'import socket; print("PY", socket.gethostbyname(socket.gethostname()), socket.getfqdn())'
@@ -94,10 +97,18 @@ python3 -c 'import socket; print("PY", socket.gethostbyname(socket.gethostname()
 			t.Run(net, func(t *testing.T) {
 				fx := newFixture(t, m)
 				pol := basePolicy("network:\n  mode: " + net + "\n")
-				r := runCorral(t, fx, runOpts{policy: pol, args: []string{"/bin/sh", "-c", script}})
+				// Under a strict umask, as on hardened hosts: what corral
+				// writes for the workload must stay readable to it.
+				r := runCorral(t, fx, runOpts{policy: pol, args: []string{"/bin/sh", "-c", script}, umask: "077"})
 				id := r.sandboxID(t)
 				if r.code != 0 || !strings.Contains(r.stdout, "AHOSTS 127.0.1.1\n") || !strings.Contains(r.stdout, "HOSTS 127.0.1.1\n") || !strings.Contains(r.stdout, "PY 127.0.1.1 corral-"+id+"\n") {
 					t.Fatalf("the sandbox's hostname does not resolve to %s\n%s", "127.0.1.1", r)
+				}
+				if strings.Contains(r.stdout, "UNREADABLE") || !strings.Contains(r.stdout, "READ /etc/hosts") || net == "proxy" && !strings.Contains(r.stdout, "READ /run/corral/ca-bundle.pem") {
+					t.Errorf("a file corral wrote for the workload is unreadable under umask 077\n%s", r)
+				}
+				if !strings.Contains(r.stdout, "UMASK 0077\n") {
+					t.Errorf("the workload did not get corral's umask 077\n%s", r)
 				}
 				for _, e := range []string{"net.dns.denied", "draft.proposed"} {
 					if len(r.find(e)) != 0 {

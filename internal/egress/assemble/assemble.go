@@ -10,6 +10,10 @@ package assemble
 import (
 	"context"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -186,6 +190,16 @@ func (e *Egress) TrustFiles() map[string][][]byte {
 	}
 }
 
+// BrowserPolicy is a Chromium/Chrome managed policy that trusts the sandbox
+// CA (CACertificates, base64 DER): those browsers read no CA bundle.
+func (e *Egress) BrowserPolicy() ([]byte, error) {
+	block, _ := pem.Decode(e.ca.CertPEM())
+	if block == nil {
+		return nil, errors.New("sandbox CA certificate is not PEM")
+	}
+	return json.Marshal(map[string][]string{"CACertificates": {base64.StdEncoding.EncodeToString(block.Bytes)}})
+}
+
 // JavaTrustStoreFile names the JKS form of the bundle among the trust
 // files.
 const JavaTrustStoreFile = "truststore.jks"
@@ -250,7 +264,7 @@ func (e *Egress) Start(ctx context.Context, sb Sandbox) error {
 	idle := time.Duration(c.Limits.TunnelIdleMS) * time.Millisecond
 	tp := &transparent.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
 	hp := &httpproxy.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle, Advice: e.advice}
-	sp := &socks5.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle}
+	sp := &socks5.Server{Gate: g, Names: pool, Log: c.Log, IdleTimeout: idle, HTTP: hp.ServeConn}
 
 	serve := func(what string, f *os.File, run func(net.Listener) error) error {
 		if f == nil {

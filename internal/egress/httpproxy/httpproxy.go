@@ -79,6 +79,10 @@ func (s *Server) refuseBusy(c net.Conn, why string) {
 	s.writeJSON(c, status, why, body)
 }
 
+// ServeConn serves one connection accepted elsewhere (the SOCKS port, for
+// clients that take it for an HTTP proxy).
+func (s *Server) ServeConn(ctx context.Context, c net.Conn) { s.handle(ctx, c) }
+
 func (s *Server) handle(ctx context.Context, c net.Conn) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()

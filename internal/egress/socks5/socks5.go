@@ -19,6 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress"
 	"github.com/corral-sandbox/corral/internal/egress/gate"
 	"github.com/corral-sandbox/corral/internal/egress/sniff"
+	"golang.org/x/sys/unix"
 )
 
 // HandshakeTimeout bounds the greeting and request.
@@ -56,6 +57,11 @@ type Server struct {
 	Log   *slog.Logger
 	// IdleTimeout ends a tunnel with no traffic either way; 0 never.
 	IdleTimeout time.Duration
+	// HTTP, when set, serves the connections that do not open with a
+	// SOCKS5 greeting. corral puts socks5h:// in ALL_PROXY, and clients
+	// that do not know that scheme take the address for an HTTP proxy
+	// (Chromium does): they get one here instead of a reset.
+	HTTP func(ctx context.Context, c net.Conn)
 }
 
 // Serve accepts on l until ctx is done or l is closed; both return nil.
@@ -196,6 +202,14 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	defer stop()
 
 	c.SetDeadline(time.Now().Add(HandshakeTimeout))
+	if s.HTTP != nil {
+		// SOCKS4 (first byte 4) is refused as before, silently.
+		if first, err := peekByte(c); err == nil && first != version5 && first != 4 {
+			c.SetDeadline(time.Time{})
+			s.HTTP(ctx, c)
+			return
+		}
+	}
 	t, err := handshake(c)
 	if err != nil {
 		if re, ok := errors.AsType[*replyError](err); ok {
@@ -228,6 +242,38 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	s.Gate.Carry(ctx, c, tun, nil, s.IdleTimeout)
+}
+
+// peekByte waits for the connection's first byte and returns it, leaving
+// it unread: the connection then goes to whichever protocol it speaks as
+// it is, still a *net.TCPConn for identification and splicing.
+func peekByte(c net.Conn) (byte, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, errors.New("socks5: cannot peek at a connection without a descriptor")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		b    [1]byte
+		n    int
+		rerr error
+	)
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK)
+		return rerr != unix.EAGAIN
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case rerr != nil:
+		return 0, rerr
+	case n == 0:
+		return 0, io.EOF
+	}
+	return b[0], nil
 }
 
 // refusalCode maps a gate refusal to the reply a SOCKS client can show:

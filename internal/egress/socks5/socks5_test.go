@@ -3,12 +3,15 @@ package socks5
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -220,5 +223,47 @@ func TestKeepAliveFronting(t *testing.T) {
 	}
 	if hosts := rec.Hosts(); len(hosts) != 1 || hosts[0] != "allowed.test" {
 		t.Fatalf("upstream saw %v, want only the first request", hosts)
+	}
+}
+
+// A client that takes the SOCKS port for an HTTP proxy (Chromium reading
+// ALL_PROXY=socks5h://...) is handed to the HTTP proxy with its request
+// intact and its connection still a *net.TCPConn; SOCKS clients are not.
+func TestNotSOCKSGoesToHTTP(t *testing.T) {
+	got := make(chan string, 1)
+	s := &Server{
+		Gate: &gate.Gate{Decider: egresstest.Decider{"allowed.test": true}, Dialer: &egresstest.Dialer{Addr: egresstest.Upstream(t, egresstest.EchoAtEOF)}, Audit: audit.New(&egresstest.AuditBuffer{})},
+		HTTP: func(ctx context.Context, c net.Conn) {
+			_, isTCP := c.(*net.TCPConn)
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			got <- fmt.Sprintf("tcp=%v %q", isTCP, line)
+			io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+			c.Close()
+		},
+	}
+	addr := egresstest.Serve(t, s.Serve)
+
+	c := egresstest.Dial(t, addr)
+	io.WriteString(c, "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	if reply, _ := io.ReadAll(c); !strings.HasPrefix(string(reply), "HTTP/1.1 403") {
+		t.Errorf("reply %q, want the HTTP handler's", reply)
+	}
+	if g := <-got; g != `tcp=true "GET http://allowed.test/ HTTP/1.1\r\n"` {
+		t.Errorf("the HTTP handler got %s", g)
+	}
+
+	// SOCKS5 and SOCKS4 greetings stay here.
+	if code := connect(t, egresstest.Dial(t, addr), connectReq(atypDomain, []byte("allowed.test"), 443)); code != RepSucceeded {
+		t.Errorf("SOCKS5 CONNECT reply 0x%02x", code)
+	}
+	c = egresstest.Dial(t, addr)
+	c.Write([]byte{4, 1, 0, 80, 1, 2, 3, 4, 0})
+	if reply, _ := io.ReadAll(c); len(reply) != 0 {
+		t.Errorf("answered SOCKS4 with % x", reply)
+	}
+	select {
+	case g := <-got:
+		t.Errorf("a SOCKS greeting reached the HTTP handler: %s", g)
+	default:
 	}
 }

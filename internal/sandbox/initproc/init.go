@@ -58,7 +58,13 @@ func InitMain() int {
 		_ = Send(sup, Message{Type: MsgError, Step: e.Step, Error: e.Err.Error(), Code: e.Code})
 		return e.Code
 	}
-	if err := buildRoot(&cfg.Plan, cfg.RootDir); err != nil {
+	// The directories the root needs (/run, /home, ...) must be enterable
+	// by the workload's user whatever umask corral was started with (027
+	// and 077 are common on hardened hosts); the workload gets that umask.
+	mask := unix.Umask(0o022)
+	err = buildRoot(&cfg.Plan, cfg.RootDir)
+	unix.Umask(mask)
+	if err != nil {
 		return fail(stepErr("build root filesystem", err))
 	}
 	tr.Step("init: root filesystem (mounts)")
