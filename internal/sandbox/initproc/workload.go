@@ -305,17 +305,6 @@ func verifyWorkload(pid int, u plan.User) error {
 	if err != nil {
 		return fmt.Errorf("read the workload's status: %w", err)
 	}
-	// What this thread holds: the workload's fork started from it.
-	own, err := os.ReadFile("/proc/thread-self/status")
-	if err != nil {
-		return fmt.Errorf("read the init's status: %w", err)
-	}
-	mine := map[string]string{}
-	for line := range strings.Lines(string(own)) {
-		if k, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), ":"); ok {
-			mine[k] = strings.TrimSpace(v)
-		}
-	}
 	uid, gid := strconv.Itoa(int(u.UID)), strconv.Itoa(int(u.GID))
 	none := []string{"0000000000000000"}
 	want := map[string][]string{
@@ -337,7 +326,9 @@ func verifyWorkload(pid int, u plan.User) error {
 		}
 		if got := strings.TrimSpace(v); !slices.Contains(w, got) {
 			err := fmt.Errorf("%s is %q, want %q", k, got, w[0])
-			if mine[k] == got {
+			// Read only now, as start-up rarely gets here: what this
+			// thread holds, which the workload's fork started from.
+			if own, rerr := os.ReadFile("/proc/thread-self/status"); rerr == nil && statusField(string(own), k) == got {
 				err = fmt.Errorf("%w: %w", errExecUncommitted, err)
 			}
 			return err
@@ -348,6 +339,16 @@ func verifyWorkload(pid int, u plan.User) error {
 		return fmt.Errorf("the workload's status lacks %v", slices.Sorted(maps.Keys(want)))
 	}
 	return nil
+}
+
+// statusField is the value of field k in a /proc status file.
+func statusField(status, k string) string {
+	for line := range strings.Lines(status) {
+		if name, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), ":"); ok && name == k {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 func lastCap() (int, error) {

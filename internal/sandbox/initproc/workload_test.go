@@ -1,6 +1,8 @@
 package initproc
 
 import (
+	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -33,5 +35,18 @@ func TestMissingHint(t *testing.T) {
 		if got := missingHint(tt.name, p); !strings.Contains(got, tt.want) {
 			t.Errorf("missingHint(%s) = %q, want it to contain %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// A workload whose credentials are still exactly the forking thread's has
+// not had its exec committed yet: the error says so, which is what the
+// retry waits on. The test process stands in for such a workload.
+func TestVerifyWorkloadSeesUncommittedExec(t *testing.T) {
+	err := verifyWorkload(os.Getpid(), plan.User{UID: 54321, GID: 54321})
+	if !errors.Is(err, errExecUncommitted) {
+		t.Fatalf("got %v, want errExecUncommitted", err)
+	}
+	if !strings.Contains(err.Error(), "Uid is") {
+		t.Errorf("the error does not name the field: %v", err)
 	}
 }
