@@ -703,7 +703,7 @@ func workloadEnv(host []string, pl *plan.Plan, uncaged bool, extra []string) []s
 	set("LOGNAME", u.Name)
 	set("CORRAL_SANDBOX", "1")
 	if !uncaged {
-		for _, kv := range pl.Network.ProxyEnv() {
+		for _, kv := range pl.ProxyEnv() {
 			k, v, _ := strings.Cut(kv, "=")
 			set(k, v)
 		}

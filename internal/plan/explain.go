@@ -162,7 +162,7 @@ func (p *Plan) WriteText(w io.Writer) error {
 		for _, r := range c.Rules {
 			ew.printf("    %s\n", r)
 		}
-		for _, e := range p.Network.ProxyEnv() {
+		for _, e := range p.ProxyEnv() {
 			ew.printf("  env %s\n", e)
 		}
 	}

@@ -182,15 +182,19 @@ type Capture struct {
 
 // ProxyEnv is what the workload's environment gets in proxy mode, so tools
 // that honour proxy variables use the explicit proxies; the rest are
-// captured transparently anyway.
-func (n Network) ProxyEnv() []string {
-	c := n.Capture
+// captured transparently anyway. The sandbox's own hostname is local like
+// localhost: a server the workload runs is reached by that name too.
+func (p Plan) ProxyEnv() []string {
+	c := p.Network.Capture
 	if c == nil {
 		return nil
 	}
 	http := fmt.Sprintf("http://%s:%d", c.Addr, c.HTTPProxyPort)
 	socks := fmt.Sprintf("socks5h://%s:%d", c.Addr, c.SOCKSPort)
-	noProxy := "localhost,127.0.0.1,::1"
+	noProxy := "localhost,127.0.0.1,::1," + HostnameAddr
+	if p.Hostname != "" {
+		noProxy += "," + p.Hostname
+	}
 	return []string{
 		"HTTP_PROXY=" + http, "HTTPS_PROXY=" + http, "ALL_PROXY=" + socks, "NO_PROXY=" + noProxy,
 		"http_proxy=" + http, "https_proxy=" + http, "all_proxy=" + socks, "no_proxy=" + noProxy,

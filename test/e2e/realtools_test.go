@@ -91,6 +91,12 @@ for f in /etc/hosts /etc/resolv.conf /run/corral/ca-bundle.pem /etc/ssl/certs/ca
 getent ahosts "$n" | awk '{print "AHOSTS", $1}' | sort -u
 getent hosts "$n" | awk '{print "HOSTS", $1}'
 python3 -c 'import socket; print("PY", socket.gethostbyname(socket.gethostname()), socket.getfqdn())'
+# A server of the workload's, reached by the sandbox's name with the proxy
+# variables set (proxy mode; block mode has no inet sockets at all).
+python3 -m http.server --bind 127.0.1.1 8000 >/dev/null 2>&1 &
+for i in 1 2 3 4 5 6 7 8 9 10; do curl -s -o /dev/null "http://$n:8000/" && break; sleep 0.2; done
+curl -sS -o /dev/null -w "OWN_SERVER %{http_code}\n" "http://$n:8000/"
+kill $! 2>/dev/null; true
 `
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		for _, net := range []string{"block", "proxy"} {
@@ -106,6 +112,9 @@ python3 -c 'import socket; print("PY", socket.gethostbyname(socket.gethostname()
 				}
 				if strings.Contains(r.stdout, "UNREADABLE") || !strings.Contains(r.stdout, "READ /etc/hosts") || net == "proxy" && !strings.Contains(r.stdout, "READ /run/corral/ca-bundle.pem") {
 					t.Errorf("a file corral wrote for the workload is unreadable under umask 077\n%s", r)
+				}
+				if net == "proxy" && !strings.Contains(r.stdout, "OWN_SERVER 200\n") {
+					t.Errorf("a server in the sandbox is not reached by the sandbox's name (NO_PROXY)\n%s", r)
 				}
 				if !strings.Contains(r.stdout, "UMASK 0077\n") {
 					t.Errorf("the workload did not get corral's umask 077\n%s", r)
