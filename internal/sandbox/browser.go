@@ -1,12 +1,14 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/statedir"
@@ -28,17 +30,28 @@ func (s *supervisor) writeBrowserConfig(policy []byte) error {
 		if !strings.HasPrefix(m.Source, root+"/") {
 			continue
 		}
-		if err := mkdirReadable(root, m.Source); err != nil {
+		// The copy's own directory is made by copyConfigDir, as the
+		// host's is; only the directories above it are corral's.
+		if err := mkdirReadable(root, filepath.Dir(m.Source)); err != nil {
 			return fmt.Errorf("browser configuration copy: %w", err)
 		}
 		if err := copyConfigDir(m.Target, m.Source); err != nil {
 			return fmt.Errorf("copy browser configuration %s: %w (list %s in filesystem_policy to have the host's as it is, without the sandbox CA)", m.Target, err, m.Target)
 		}
-		p := filepath.Join(m.Source, plan.BrowserPolicyFile)
-		if err := mkdirReadable(m.Source, filepath.Dir(p)); err != nil {
-			return err
+		dir := m.Source
+		for _, part := range strings.Split(filepath.Dir(plan.BrowserPolicyFile), "/") {
+			dir = filepath.Join(dir, part)
+			// A directory the host has keeps its mode; one corral adds is
+			// 0755, for the browser to read as the workload's user.
+			err := os.Mkdir(dir, 0o755)
+			if err == nil {
+				err = os.Chmod(dir, 0o755)
+			}
+			if err != nil && !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("browser policy directory: %w", err)
+			}
 		}
-		if err := writeReadable(p, policy); err != nil {
+		if err := writeReadable(filepath.Join(m.Source, plan.BrowserPolicyFile), policy); err != nil {
 			return fmt.Errorf("write browser policy: %w", err)
 		}
 	}
@@ -47,11 +60,21 @@ func (s *supervisor) writeBrowserConfig(policy []byte) error {
 
 // copyConfigDir copies the tree at src to dst: directories, regular files
 // and symbolic links (as links, which resolve inside the sandbox as they
-// would have), within the bounds above. Other kinds are left out.
+// would have), within the bounds above; other kinds are left out. Modes,
+// and owners where corral may set them, are the host's, so the copy
+// protects what the host's bind did: a 0600 file stays unreadable to the
+// workload. What corral itself cannot read (rootless) is left out, as the
+// workload could not have read it either.
 func copyConfigDir(src, dst string) error {
 	entries, total := 0, int64(0)
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			if errors.Is(err, fs.ErrPermission) && p != src {
+				if d != nil && d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
 			return err
 		}
 		if entries++; entries > maxBrowserEntries {
@@ -62,9 +85,15 @@ func copyConfigDir(src, dst string) error {
 			return err
 		}
 		out := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
 		switch {
 		case d.IsDir():
-			return mkdirReadable(dst, out)
+			if err := os.Mkdir(out, 0o700); err != nil {
+				return err
+			}
 		case d.Type()&fs.ModeSymlink != 0:
 			link, err := os.Readlink(p)
 			if err != nil {
@@ -73,18 +102,32 @@ func copyConfigDir(src, dst string) error {
 			return os.Symlink(link, out)
 		case d.Type().IsRegular():
 			in, err := os.Open(p)
+			if errors.Is(err, fs.ErrPermission) {
+				return nil
+			}
 			if err != nil {
 				return err
 			}
 			defer in.Close()
-			return writeFile(out, func(w io.Writer) error {
-				n, err := io.Copy(w, io.LimitReader(in, maxBrowserBytes-total+1))
-				if total += n; err == nil && total > maxBrowserBytes {
-					err = fmt.Errorf("more than %d bytes", maxBrowserBytes)
-				}
+			f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
 				return err
-			})
+			}
+			n, err := io.Copy(f, io.LimitReader(in, maxBrowserBytes-total+1))
+			if total += n; err == nil && total > maxBrowserBytes {
+				err = fmt.Errorf("more than %d bytes", maxBrowserBytes)
+			}
+			if err := errors.Join(err, f.Close()); err != nil {
+				return err
+			}
+		default:
+			return nil
 		}
-		return nil
+		if st, ok := info.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 {
+			if err := os.Lchown(out, int(st.Uid), int(st.Gid)); err != nil {
+				return err
+			}
+		}
+		return os.Chmod(out, info.Mode().Perm())
 	})
 }

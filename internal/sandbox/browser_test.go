@@ -4,22 +4,31 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
 func TestCopyConfigDir(t *testing.T) {
 	src, dst := t.TempDir(), filepath.Join(t.TempDir(), "copy")
-	for p, body := range map[string]string{"master_preferences": "{}", "policies/managed/site.json": `{"HomepageLocation": "x"}`} {
+	if err := os.Chmod(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for p, body := range map[string]string{"master_preferences": "{}", "policies/managed/site.json": `{"HomepageLocation": "x"}`, "private": "root's"} {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(src, p), []byte(body), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(src, p), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := os.Chmod(filepath.Join(src, "private"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.Symlink("/etc/chromium.d", filepath.Join(src, "d")); err != nil {
 		t.Fatal(err)
 	}
+	// As on a hardened host.
+	defer syscall.Umask(syscall.Umask(0o077))
 	if err := copyConfigDir(src, dst); err != nil {
 		t.Fatal(err)
 	}
@@ -28,9 +37,12 @@ func TestCopyConfigDir(t *testing.T) {
 		if err != nil || string(got) != want {
 			t.Errorf("%s: got %q, %v; want %q", p, got, err, want)
 		}
-		// The workload reads the copy as another user.
-		if fi, err := os.Stat(filepath.Join(dst, p)); err != nil || fi.Mode().Perm() != 0o644 {
-			t.Errorf("%s: mode %v, %v; want 0644", p, fi.Mode(), err)
+	}
+	// Modes are the host's, whatever the umask: readable stays readable to
+	// the workload, private stays private.
+	for p, want := range map[string]os.FileMode{"master_preferences": 0o644, "private": 0o600, "policies": 0o755, "policies/managed": 0o755, ".": 0o755} {
+		if fi, err := os.Stat(filepath.Join(dst, p)); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, %v; want %v", p, fi.Mode().Perm(), err, want)
 		}
 	}
 	if link, err := os.Readlink(filepath.Join(dst, "d")); err != nil || link != "/etc/chromium.d" {
