@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -652,32 +651,6 @@ func (s *supervisor) prepareScratch() error {
 		return fmt.Errorf("create scratch directory: %w", err)
 	}
 	return os.Lchown(s.Plan.State.HostDir, int(s.Plan.User.UID), int(s.Plan.User.GID))
-}
-
-// writeEtcFiles writes the files the plan mounts on the host's resolv.conf
-// and hosts. The hosts file is written even when the plan does not mount
-// it (the policy hides /etc): it is small, and the plan need not be asked.
-func (s *supervisor) writeEtcFiles() error {
-	if c := s.Plan.Network.Capture; c != nil {
-		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
-		if err := writeReadable(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf)); err != nil {
-			return fmt.Errorf("write resolv.conf: %w", err)
-		}
-	}
-	// The host's entries stay: the sandbox saw them before this file
-	// covered them, and a name there decides nothing about egress.
-	host, err := os.ReadFile("/etc/hosts")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("read the host's /etc/hosts: %w", err)
-	}
-	if len(host) > 0 && host[len(host)-1] != '\n' {
-		host = append(host, '\n')
-	}
-	hosts := fmt.Appendf(host, "# added by corral: the sandbox's own name\n%s\t%s\n", plan.HostnameAddr, s.Plan.Hostname)
-	if err := writeReadable(statedir.Hosts(s.StateDir, s.ID), hosts); err != nil {
-		return fmt.Errorf("write hosts: %w", err)
-	}
-	return nil
 }
 
 func socketPair() (*os.File, *os.File, error) {
