@@ -71,8 +71,7 @@ func TestHeadlessChromium(t *testing.T) {
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
 		copyFile(t, browse, filepath.Join(fx.W, "browse"), 0o755)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		writeOwned(t, m, caFile, lab.CAPEM, 0o644)
+		caFile := labCAFile(t, fx, lab)
 		r := runCorral(t, fx, runOpts{
 			args: []string{filepath.Join(fx.W, "browse"),
 				"-fetch", "https://insp.test/from-script",

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -70,10 +69,7 @@ func TestL7RuleBypassesRefused(t *testing.T) {
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "bypass.sh"), []byte(l7BypassScript), 0o755)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		caFile := labCAFile(t, fx, lab)
 		before := len(lab.HTTPRequests())
 		r := runCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "bypass.sh")},

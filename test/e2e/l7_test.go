@@ -224,10 +224,7 @@ func TestL7Inspection(t *testing.T) {
 		writeOwned(t, m, filepath.Join(fx.W, "ca.pem"), lab.CAPEM, 0o644)
 		writeOwned(t, m, filepath.Join(fx.W, "l7.py"), []byte(l7Tool), 0o644)
 		writeOwned(t, m, filepath.Join(fx.W, "l7.sh"), []byte(l7Script), 0o755)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		caFile := labCAFile(t, fx, lab)
 		real := "ghp_" + randomAlnum(36)
 
 		// The stream's upstream holds its last event until the client
@@ -543,10 +540,7 @@ func TestL7NoLeaks(t *testing.T) {
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "leak.py"), []byte(l7LeakScript), 0o644)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		caFile := labCAFile(t, fx, lab)
 		p := startCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/python3", filepath.Join(fx.W, "leak.py"), m.name},
 			policy: basePolicy("network_policies:\n  ro:\n    endpoints: [{host: ro.test, port: 443, protocol: rest, access: read-only}]\n"),
@@ -606,10 +600,7 @@ secrets:
 		P := "/" + m.name
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "reload.sh"), []byte(l7ReloadScript), 0o755)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		caFile := labCAFile(t, fx, lab)
 		real := "ghp_" + randomAlnum(36)
 		p := startCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "reload.sh")},

@@ -669,6 +669,15 @@ func writeOwned(t *testing.T, m *mode, p string, data []byte, perm os.FileMode) 
 	}
 }
 
+// labCAFile writes the lab's CA among the fixture's files, readable by its
+// corral, for --upstream-ca.
+func labCAFile(t *testing.T, fx *fixture, lab *netlab.Lab) string {
+	t.Helper()
+	p := filepath.Join(fx.aux, "lab-ca.pem")
+	writeOwned(t, fx.m, p, lab.CAPEM, 0o644)
+	return p
+}
+
 // fdKinds summarises a process's descriptors by kind (socket, pipe, ...).
 func fdKinds(pid int) map[string]int {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)

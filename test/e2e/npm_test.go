@@ -130,8 +130,7 @@ func TestNPMScopedPackage(t *testing.T) {
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "npm.sh"), []byte(npmScript), 0o755)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		writeOwned(t, m, caFile, lab.CAPEM, 0o644)
+		caFile := labCAFile(t, fx, lab)
 		r := runCorral(t, fx, runOpts{
 			args: []string{"/usr/bin/bash", filepath.Join(fx.W, "npm.sh")},
 			policy: basePolicy(`network_policies:

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -176,10 +175,7 @@ func TestScrubDoesNotRevealPrefixes(t *testing.T) {
 	lab.Serve("oracle.test", http.HandlerFunc(scrubOracleSite))
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		caFile := labCAFile(t, fx, lab)
 		// The host answers the last probe (the value but its last byte)
 		// with "tok=…" after it: a value ending in "t" would be whole
 		// there, and rightly replaced.

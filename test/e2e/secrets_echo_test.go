@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -203,10 +202,7 @@ func TestSecretsEchoedBack(t *testing.T) {
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "ws.py"), []byte(echoWS), 0o644)
 		writeOwned(t, m, filepath.Join(fx.W, "echo.sh"), []byte(echoScript), 0o755)
-		caFile := filepath.Join(fx.aux, "lab-ca.pem")
-		if err := os.WriteFile(caFile, lab.CAPEM, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		caFile := labCAFile(t, fx, lab)
 		real := "ghp_" + randomAlnum(36)
 		r := runCorral(t, fx, runOpts{
 			args:   []string{"/usr/bin/bash", filepath.Join(fx.W, "echo.sh")},
