@@ -300,9 +300,10 @@ func TestJoinTokenSpentOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var ok []*gatewayv1.JoinResponse
-	for range 5 {
+	for i := range 5 {
 		wg.Go(func() {
-			r, err := c.supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: "remote"}))
+			// Names of their own, so that only the token can tell them apart.
+			r, err := c.supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: fmt.Sprintf("remote-%d", i)}))
 			if err == nil {
 				mu.Lock()
 				ok = append(ok, r.Msg)

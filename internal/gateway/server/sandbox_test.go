@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/corral-sandbox/corral/internal/gateway/auth"
 	"github.com/corral-sandbox/corral/internal/gateway/store"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1"
 	"github.com/corral-sandbox/corral/internal/gatewayapi/gatewayv1/gatewayv1connect"
@@ -329,5 +330,36 @@ func TestCreateRefusedByDriverCheck(t *testing.T) {
 	}
 	if len(g.fake.links) != 0 {
 		t.Fatal("the driver was asked to start a refused sandbox")
+	}
+}
+
+// TestSandboxNameTaken: a name is one sandbox's, whether a user creates it
+// or a supervisor joins with it, so a joined sandbox cannot pass for
+// another in `corral sandbox list`; once deleted, the name is free again.
+func TestSandboxNameTaken(t *testing.T) {
+	g := startGateway(t, gwOpts{})
+	ctx := ctxT(t)
+	admin := g.clients(g.user, nil)
+	first, err := admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Name: "prod-agent", Command: []string{"true"}, Driver: "fake"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.sandbox.Create(ctx, connect.NewRequest(&gatewayv1.CreateSandboxRequest{Name: "prod-agent", Command: []string{"true"}, Driver: "fake"}))
+	if codeOf(err) != connect.CodeAlreadyExists || !strings.Contains(err.Error(), first.Msg.Id) {
+		t.Errorf("second create with the name: %v, want AlreadyExists naming %s", err, first.Msg.Id)
+	}
+	join, _, err := auth.CreateToken(ctx, g.store, store.TokenJoin, "host-b", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.clients(join, nil).supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: "prod-agent"})); codeOf(err) != connect.CodeAlreadyExists {
+		t.Errorf("join with the name: %v, want AlreadyExists", err)
+	}
+	if _, err := admin.sandbox.Delete(ctx, connect.NewRequest(&gatewayv1.DeleteSandboxRequest{Id: first.Msg.Id})); err != nil {
+		t.Fatal(err)
+	}
+	// The failed join did not spend the token.
+	if _, err := g.clients(join, nil).supervisor.Join(ctx, connect.NewRequest(&gatewayv1.JoinRequest{Name: "prod-agent"})); err != nil {
+		t.Errorf("join with the name after the sandbox holding it was deleted: %v", err)
 	}
 }

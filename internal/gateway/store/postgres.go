@@ -19,6 +19,7 @@ import (
 const (
 	pgLockMigrate = 0x636f7272616c01 // "corral" 1
 	pgLockLogs    = 0x636f7272616c02 // "corral" 2
+	pgLockNames   = 0x636f7272616c03 // "corral" 3
 )
 
 type pgBackend struct {
@@ -108,6 +109,11 @@ func (b *pgBackend) read() conn { return pgConn{b.pool} }
 
 func (b *pgBackend) write(ctx context.Context, fn func(tx conn) error) error {
 	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return fn(pgConn{tx}) })
+}
+
+func (b *pgBackend) lockSandboxNames(ctx context.Context, tx conn) error {
+	_, err := tx.exec(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(pgLockNames))
+	return err
 }
 
 func (b *pgBackend) timeArg(t time.Time) any {

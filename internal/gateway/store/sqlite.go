@@ -148,6 +148,9 @@ func (b *sqliteBackend) inTx(ctx context.Context, fn func(tx *sql.Tx) error) (er
 	return nil
 }
 
+// lockSandboxNames has nothing to do: write transactions are one at a time.
+func (b *sqliteBackend) lockSandboxNames(context.Context, conn) error { return nil }
+
 func (b *sqliteBackend) timeArg(t time.Time) any {
 	if t.IsZero() {
 		return nil

@@ -48,6 +48,10 @@ type backend interface {
 	// appendLogs stores the entries in one transaction, in order, and sets
 	// their Seq so that Seq order is commit order.
 	appendLogs(ctx context.Context, entries []LogEntry) error
+	// lockSandboxNames makes the rest of tx the only writer of sandbox
+	// names until it ends, so a name checked free stays free until the
+	// insert (SQLite's writers are one at a time already).
+	lockSandboxNames(ctx context.Context, tx conn) error
 	// constraint maps a driver's constraint violation to ErrExists (a
 	// duplicate key) or ErrNotFound (a missing referenced row), else nil.
 	constraint(err error) error
@@ -162,6 +166,21 @@ func (s *sqlStore) CreateSandbox(ctx context.Context, sb Sandbox) error {
 		exit = int64(*sb.ExitCode)
 	}
 	err = s.b.write(ctx, func(tx conn) error {
+		// A name names one sandbox: one that joined must not pass for
+		// another in listings. Empty names may repeat.
+		if sb.Name != "" {
+			if err := s.b.lockSandboxNames(ctx, tx); err != nil {
+				return err
+			}
+			var holder string
+			err := tx.queryRow(ctx, `SELECT id FROM sandboxes WHERE name = ?`, sb.Name).Scan(&holder)
+			if err == nil {
+				return fmt.Errorf("%w: sandbox %s is named %q; delete it or choose another name", ErrExists, holder, sb.Name)
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
 		_, err := tx.exec(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			sb.ID, sb.Name, string(labels), string(command), sb.Workdir, string(env), sb.Driver, sb.DriverRef,
 			string(sb.Phase), exit, sb.Reason, s.b.timeArg(created), s.b.timeArg(updated))

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		fn   func(t *testing.T, s store.Store)
 	}{
 		{"Sandboxes", testSandboxes},
+		{"SandboxNamesUnique", testSandboxNames},
 		{"ListSelector", testListSelector},
 		{"Phases", testPhases},
 		{"Policies", testPolicies},
@@ -208,6 +210,42 @@ func wantErr(t *testing.T, err, target error, what string) {
 	t.Helper()
 	if !errors.Is(err, target) {
 		t.Fatalf("%s: got %v, want an error wrapping %q", what, err, target)
+	}
+}
+
+// A name is one sandbox's, also when creates race; empty names repeat,
+// and a deleted sandbox's name is free again.
+func testSandboxNames(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	must(t, s.CreateSandbox(ctx, store.Sandbox{ID: "sb-a", Name: "agent"}))
+	err := s.CreateSandbox(ctx, store.Sandbox{ID: "sb-b", Name: "agent"})
+	wantErr(t, err, store.ErrExists, "a second sandbox named agent")
+	if !strings.Contains(err.Error(), "sb-a") {
+		t.Errorf("the refusal does not name the sandbox holding the name: %v", err)
+	}
+	must(t, s.CreateSandbox(ctx, store.Sandbox{ID: "sb-c"}))
+	must(t, s.CreateSandbox(ctx, store.Sandbox{ID: "sb-d"}))
+	must(t, s.DeleteSandbox(ctx, "sb-a"))
+	must(t, s.CreateSandbox(ctx, store.Sandbox{ID: "sb-b", Name: "agent"}))
+
+	var wg sync.WaitGroup
+	var won atomic.Int32
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.CreateSandbox(ctx, store.Sandbox{ID: fmt.Sprintf("sb-race-%d", i), Name: "racer"})
+			switch {
+			case err == nil:
+				won.Add(1)
+			case !errors.Is(err, store.ErrExists):
+				t.Errorf("racing create: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := won.Load(); n != 1 {
+		t.Errorf("%d racing creates of the name racer succeeded, want 1", n)
 	}
 }
 
