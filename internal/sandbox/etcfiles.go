@@ -11,14 +11,18 @@ import (
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
-// writeEtcFiles writes the files the plan mounts on the host's resolv.conf
-// and hosts. The hosts file is written even when the plan does not mount
-// it (the policy hides /etc): it is small, and the plan need not be asked.
+// writeEtcFiles writes the files the plan mounts on the host's resolv.conf,
+// hosts and browser configuration directories. The hosts file is written
+// even when the plan does not mount it (the policy hides /etc): it is
+// small, and the plan need not be asked.
 func (s *supervisor) writeEtcFiles() error {
 	if c := s.Plan.Network.Capture; c != nil {
 		conf := fmt.Sprintf("# written by corral: every DNS query is answered by the sandbox's resolver\nnameserver %s\n", c.Addr)
 		if err := writeReadable(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf)); err != nil {
 			return fmt.Errorf("write resolv.conf: %w", err)
+		}
+		if err := s.writeBrowserConfig(s.Egress.BrowserPolicy()); err != nil {
+			return err
 		}
 	}
 	// The host's entries stay: the sandbox saw them before this file

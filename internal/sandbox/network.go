@@ -18,9 +18,8 @@ import (
 	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
-// writeCA puts the CA certificate, the combined bundle and the browsers'
-// managed policy where the plan mounts them inside the sandbox, and starts
-// writing the Java trust store
+// writeCA puts the CA certificate and the combined bundle where the plan
+// mounts them inside the sandbox, and starts writing the Java trust store
 // there; the returned wait reports when that is done. The directory is
 // bind-mounted, so the store only has to exist before the workload runs.
 func (s *supervisor) writeCA() (wait func() error, err error) {
@@ -45,13 +44,6 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("write sandbox CA: %w", err)
 		}
-	}
-	policy, err := s.Egress.BrowserPolicy()
-	if err != nil {
-		return nil, err
-	}
-	if err := s.writeBrowserConfig(policy); err != nil {
-		return nil, err
 	}
 	// The plan mounts this directory at /run/corral: the policy advisor's
 	// skill file for agents lands at policylocal.SkillPath.

@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
@@ -76,6 +79,16 @@ func TestTrustFiles(t *testing.T) {
 	var store bytes.Buffer
 	if err := e.JavaTrustStore(&store); err != nil || store.Len() == 0 {
 		t.Errorf("no Java trust store (%v)", err)
+	}
+	// The browsers' managed policy names the same CA, as base64 DER.
+	var pol struct{ CACertificates []string }
+	if err := json.Unmarshal(e.BrowserPolicy(), &pol); err != nil || len(pol.CACertificates) != 1 {
+		t.Fatalf("browser policy %q: %v", e.BrowserPolicy(), err)
+	}
+	der, err := base64.StdEncoding.DecodeString(pol.CACertificates[0])
+	block, _ := pem.Decode([]byte(ca))
+	if err != nil || block == nil || !bytes.Equal(der, block.Bytes) {
+		t.Errorf("the browser policy's certificate is not the sandbox CA (%v)", err)
 	}
 }
 
