@@ -38,22 +38,47 @@ func (s *supervisor) writeBrowserConfig(policy []byte) error {
 		if err := copyConfigDir(m.Target, m.Source); err != nil {
 			return fmt.Errorf("copy browser configuration %s: %w (list %s in filesystem_policy to have the host's as it is, without the sandbox CA)", m.Target, err, m.Target)
 		}
-		dir := m.Source
-		for _, part := range strings.Split(filepath.Dir(plan.BrowserPolicyFile), "/") {
-			dir = filepath.Join(dir, part)
-			// A directory the host has keeps its mode; one corral adds is
-			// 0755, for the browser to read as the workload's user.
-			err := os.Mkdir(dir, 0o755)
-			if err == nil {
-				err = os.Chmod(dir, 0o755)
-			}
-			if err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := addBrowserPolicy(m.Source, policy); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addBrowserPolicy puts policy at plan.BrowserPolicyFile in the copy at
+// dir. Nothing on the way is followed: a symbolic link the host has there
+// would lead outside the copy, to the host's own files, so it is replaced
+// by a directory of corral's (its target's policies are then not seen
+// inside).
+func addBrowserPolicy(dir string, policy []byte) error {
+	for _, part := range strings.Split(filepath.Dir(plan.BrowserPolicyFile), "/") {
+		dir = filepath.Join(dir, part)
+		fi, err := os.Lstat(dir)
+		if err == nil && fi.IsDir() {
+			// A directory the host has keeps its mode.
+			continue
+		}
+		if err == nil {
+			if err := os.Remove(dir); err != nil {
 				return fmt.Errorf("browser policy directory: %w", err)
 			}
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("browser policy directory: %w", err)
 		}
-		if err := writeReadable(filepath.Join(m.Source, plan.BrowserPolicyFile), policy); err != nil {
-			return fmt.Errorf("write browser policy: %w", err)
+		// 0755, for the browser to read as the workload's user.
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return fmt.Errorf("browser policy directory: %w", err)
 		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return fmt.Errorf("browser policy directory: %w", err)
+		}
+	}
+	file := filepath.Join(dir, filepath.Base(plan.BrowserPolicyFile))
+	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("write browser policy: %w", err)
+	}
+	if err := writeReadable(file, policy); err != nil {
+		return fmt.Errorf("write browser policy: %w", err)
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/corral-sandbox/corral/internal/plan"
 )
 
 func TestCopyConfigDir(t *testing.T) {
@@ -55,5 +57,46 @@ func TestCopyConfigDir(t *testing.T) {
 	}
 	if err := copyConfigDir(big, filepath.Join(t.TempDir(), "copy")); err == nil || !strings.Contains(err.Error(), "bytes") {
 		t.Errorf("a directory over the size bound: got %v, want an error", err)
+	}
+}
+
+// The policy lands in the copy, never through a link the host's directory
+// has where it goes: that would write into the host's own files.
+func TestAddBrowserPolicyFollowsNoLink(t *testing.T) {
+	host, copyDir := t.TempDir(), t.TempDir()
+	if err := os.Symlink(host, filepath.Join(copyDir, "policies")); err != nil {
+		t.Fatal(err)
+	}
+	if err := addBrowserPolicy(copyDir, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(host); len(entries) != 0 {
+		t.Errorf("the policy was written through the link, into %s: %v", host, entries)
+	}
+	if fi, err := os.Lstat(filepath.Join(copyDir, "policies")); err != nil || !fi.IsDir() {
+		t.Errorf("policies in the copy is not a directory of corral's: %v, %v", fi, err)
+	}
+	got, err := os.ReadFile(filepath.Join(copyDir, plan.BrowserPolicyFile))
+	if err != nil || string(got) != "{}" {
+		t.Errorf("policy file: %q, %v", got, err)
+	}
+
+	// The same for a link in the file's place.
+	other := filepath.Join(t.TempDir(), "host-file")
+	if err := os.WriteFile(other, []byte("host's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(copyDir, plan.BrowserPolicyFile)
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := addBrowserPolicy(copyDir, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(other); string(b) != "host's" {
+		t.Errorf("the policy was written through a link in its place: the host's file is now %q", b)
 	}
 }
