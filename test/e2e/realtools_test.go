@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,14 +84,27 @@ func TestWalltimeInSummary(t *testing.T) {
 // The sandbox's name resolves, without the network (block) and without a
 // denied name or a policy draft for it (proxy). corral runs under umask
 // 077 here, and what it made for the workload stays readable to it.
+// localHostJava prints what InetAddress.getLocalHost() finds, which throws
+// when the host's name does not resolve (run as java LocalHost.java).
+const localHostJava = `public class LocalHost {
+    public static void main(String[] args) throws Exception {
+        System.out.println("JAVA " + java.net.InetAddress.getLocalHost());
+    }
+}
+`
+
 func TestOwnHostnameResolves(t *testing.T) {
 	t.Parallel()
+	if _, err := os.Stat("/usr/bin/java"); err != nil {
+		requireFeature(t, "java is not installed (Debian's default-jre-headless)")
+	}
 	const script = `n=$(hostname)
 echo "UMASK $(umask)"
 for f in /etc/hosts /etc/resolv.conf /run/corral/ca-bundle.pem /etc/ssl/certs/ca-certificates.crt; do [ -e "$f" ] && { head -c1 "$f" >/dev/null && echo "READ $f" || echo "UNREADABLE $f"; }; done
 getent ahosts "$n" | awk '{print "AHOSTS", $1}' | sort -u
 getent hosts "$n" | awk '{print "HOSTS", $1}'
 python3 -c 'import socket; print("PY", socket.gethostbyname(socket.gethostname()), socket.getfqdn())'
+java LocalHost.java 2>&1 | grep -v 'Picked up'
 # A server of the workload's, reached by the sandbox's name with the proxy
 # variables set (proxy mode; block mode has no inet sockets at all).
 python3 -m http.server --bind 127.0.1.1 8000 >/dev/null 2>&1 &
@@ -102,6 +116,7 @@ kill $! 2>/dev/null; true
 		for _, net := range []string{"block", "proxy"} {
 			t.Run(net, func(t *testing.T) {
 				fx := newFixture(t, m)
+				writeOwned(t, m, filepath.Join(fx.W, "LocalHost.java"), []byte(localHostJava), 0o644)
 				pol := basePolicy("network:\n  mode: " + net + "\n")
 				// Under a strict umask, as on hardened hosts: what corral
 				// writes for the workload must stay readable to it.
@@ -112,6 +127,9 @@ kill $! 2>/dev/null; true
 				}
 				if strings.Contains(r.stdout, "UNREADABLE") || !strings.Contains(r.stdout, "READ /etc/hosts") || net == "proxy" && !strings.Contains(r.stdout, "READ /run/corral/ca-bundle.pem") {
 					t.Errorf("a file corral wrote for the workload is unreadable under umask 077\n%s", r)
+				}
+				if !strings.Contains(r.stdout, "JAVA corral-"+id+"/127.0.1.1\n") {
+					t.Errorf("Java's InetAddress.getLocalHost() does not find the sandbox's name\n%s", r)
 				}
 				if net == "proxy" && !strings.Contains(r.stdout, "OWN_SERVER 200\n") {
 					t.Errorf("a server in the sandbox is not reached by the sandbox's name (NO_PROXY)\n%s", r)
