@@ -30,6 +30,11 @@ func (h *supervisorService) Join(ctx context.Context, req *connect.Request[gatew
 	// The joiner writes its own policy: it may take from_gateway only the
 	// secrets its join token grants (none when it grants none).
 	secret, err := h.s.register(ctx, &sb, m.Policy, p.Name, func(name string) bool { return slices.Contains(p.Secrets, name) })
+	if connect.CodeOf(err) == connect.CodeAlreadyExists {
+		// Without the holder's id: a joining host learns no more of the
+		// gateway's sandboxes than that the name is taken.
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("a sandbox named %q exists on the gateway; join with another name", m.Name))
+	}
 	if err != nil {
 		return nil, err
 	}
