@@ -20,7 +20,9 @@
 //   - /big?n=N: N bytes of 'x' (default 1 MiB, at most 64 MiB).
 //   - /status/<code>: status code (200 to 599) with body "status <code>".
 //
-// Every request, to these paths too, is recorded (see [Lab.HTTPRequests]).
+// Every request, to these paths too, is recorded (see [Lab.HTTPRequests]);
+// a handler given with [Lab.Serve] still reads the request's whole body
+// (up to 1 MiB).
 //
 // The namespace is never mounted: it is held only by a file descriptor and by
 // the sockets created in it, so a crashed test cannot leave it behind.
@@ -28,6 +30,7 @@ package netlab
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -599,6 +602,8 @@ func (l *Lab) serveHTTP(ln net.Listener, names []string, tc *tls.Config) {
 func (l *Lab) httpHandler(names []string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		// A site's handler (Serve) reads the body as it came.
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		if len(body) > maxRecordedBody {
 			body = body[:maxRecordedBody]
 		}
