@@ -16,7 +16,8 @@ import (
 // A real headless Chromium inside the sandbox, driven through the DevTools
 // protocol by chromedp (test/e2e/browse, run in the sandbox too): pages
 // over HTTP and over inspected HTTPS, a page's own fetch() under the
-// endpoint's method rules, and a host no policy allows.
+// endpoint's method rules, a WebSocket over inspected TLS, and a host no
+// policy allows.
 
 var addrWeb = netip.MustParseAddr("203.0.113.52")
 
@@ -76,6 +77,7 @@ func TestHeadlessChromium(t *testing.T) {
 			args: []string{filepath.Join(fx.W, "browse"),
 				"-fetch", "https://insp.test/from-script",
 				"-fetch", "POST https://insp.test/from-script",
+				"-ws", "wss://insp.test/ws",
 				"http://web.test/page", "http://denied.test/page", "https://insp.test/page"},
 			policy: basePolicy(`network_policies:
   web:
@@ -92,6 +94,8 @@ func TestHeadlessChromium(t *testing.T) {
 			"PAGE https://insp.test/page hello from insp.test GET /page",
 			"FETCH GET https://insp.test/from-script 200 hello from insp.test GET /from-script",
 			"FETCH POST https://insp.test/from-script 403",
+			// A WebSocket upgrade the rules allow (a GET) is relayed.
+			"WS wss://insp.test/ws ECHO ping from chromium",
 		} {
 			if !strings.Contains(r.stdout, want+"\n") && !strings.Contains(r.stdout, want+" ") {
 				t.Errorf("want %q in the browser's output\n%s", want, r)

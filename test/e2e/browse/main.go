@@ -2,13 +2,15 @@
 // protocol (chromedp), from inside a sandbox: it loads each URL given and
 // prints what the page shows, then has the last page fetch() each URL given
 // after -fetch (optionally after a method: "POST https://..."), printing
-// what the page's script got.
+// what the page's script got, and has it send a message to each WebSocket
+// URL given after -ws and print the echo.
 //
-//	browse [-fetch [METHOD ]URL]... URL...
+//	browse [-fetch [METHOD ]URL]... [-ws URL]... URL...
 //
 // Output lines: "PAGE <url> <first line of the body text>" or "PAGE_ERR <url>
-// <error>", and "FETCH <method> <url> <status> <first line>" or "FETCH_ERR
-// <method> <url> <error>".
+// <error>", "FETCH <method> <url> <status> <first line>" or "FETCH_ERR
+// <method> <url> <error>", and "WS <url> ECHO <message>" or "WS_ERR <url>
+// <error>".
 package main
 
 import (
@@ -29,8 +31,9 @@ func (u *urls) String() string     { return strings.Join(*u, ",") }
 func (u *urls) Set(s string) error { *u = append(*u, s); return nil }
 
 func main() {
-	var fetches urls
+	var fetches, sockets urls
 	flag.Var(&fetches, "fetch", "URL the page's script fetches (repeatable)")
+	flag.Var(&sockets, "ws", "WebSocket URL the page's script sends a message to (repeatable)")
 	flag.Parse()
 	home, err := os.MkdirTemp("", "browse-")
 	if err != nil {
@@ -78,6 +81,24 @@ func main() {
 			fmt.Println("FETCH_ERR", method, u, got)
 		default:
 			fmt.Println("FETCH", method, u, firstLine(got))
+		}
+	}
+	for _, u := range sockets {
+		js := fmt.Sprintf(`new Promise((done) => {
+			const ws = new WebSocket(%q);
+			const t = setTimeout(() => done("ERR timeout"), 10000);
+			ws.onopen = () => ws.send("ping from chromium");
+			ws.onmessage = (e) => { clearTimeout(t); ws.close(); done("ECHO " + e.data); };
+			ws.onerror = () => { clearTimeout(t); done("ERR error"); };
+		})`, u)
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
+		switch {
+		case err != nil:
+			fmt.Println("WS_ERR", u, err)
+		case strings.HasPrefix(got, "ERR "):
+			fmt.Println("WS_ERR", u, got)
+		default:
+			fmt.Println("WS", u, strings.TrimSpace(got))
 		}
 	}
 }
