@@ -73,15 +73,7 @@ func main() {
 			method, u = m, rest
 		}
 		js := fmt.Sprintf(`fetch(%q, {method: %q}).then(r => r.text().then(t => r.status + " " + t)).catch(e => "ERR " + e)`, u, method)
-		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
-		switch {
-		case err != nil:
-			fmt.Println("FETCH_ERR", method, u, err)
-		case strings.HasPrefix(got, "ERR "):
-			fmt.Println("FETCH_ERR", method, u, got)
-		default:
-			fmt.Println("FETCH", method, u, firstLine(got))
-		}
+		report(ctx, "FETCH", method+" "+u, js)
 	}
 	for _, u := range sockets {
 		js := fmt.Sprintf(`new Promise((done) => {
@@ -91,15 +83,21 @@ func main() {
 			ws.onmessage = (e) => { clearTimeout(t); ws.close(); done("ECHO " + e.data); };
 			ws.onerror = () => { clearTimeout(t); done("ERR error"); };
 		})`, u)
-		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
-		switch {
-		case err != nil:
-			fmt.Println("WS_ERR", u, err)
-		case strings.HasPrefix(got, "ERR "):
-			fmt.Println("WS_ERR", u, got)
-		default:
-			fmt.Println("WS", u, strings.TrimSpace(got))
-		}
+		report(ctx, "WS", u, js)
+	}
+}
+
+// report runs the page script js, whose promise gives "ERR ..." on failure,
+// and prints "KIND what <result>" or "KIND_ERR what <error>".
+func report(ctx context.Context, kind, what, js string) {
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
+	switch {
+	case err != nil:
+		fmt.Println(kind+"_ERR", what, err)
+	case strings.HasPrefix(got, "ERR "):
+		fmt.Println(kind+"_ERR", what, got)
+	default:
+		fmt.Println(kind, what, firstLine(got))
 	}
 }
 
