@@ -32,13 +32,13 @@ var (
 	addrSSH = netip.MustParseAddr("203.0.113.51")
 )
 
-// relay copies bytes between a lab connection and a unix socket: the
-// PostgreSQL server listens only there, so it never binds to a lab address
-// (it cannot start inside the lab namespace).
-func relay(socket string, conns *atomic.Int64) func(net.Conn) {
+// relay copies bytes between a lab connection and the server at addr on
+// the host: the PostgreSQL server runs outside the lab namespace, so it
+// never binds to a lab address.
+func relay(addr string, conns *atomic.Int64) func(net.Conn) {
 	return func(c net.Conn) {
 		conns.Add(1)
-		u, err := net.DialTimeout("unix", socket, 5*time.Second)
+		u, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
 			return
 		}
@@ -62,6 +62,11 @@ psql -X -At -v ON_ERROR_STOP=1 "host=db.test port=5432 user=postgres dbname=post
   -c "SELECT 'ROW ' || body FROM notes" \
   -c "SELECT 'SERVER ' || current_setting('server_version_num')" 2>&1
 echo "PSQL_RC=$?"
+echo "=== psql-tls"
+# TLS after PostgreSQL's own SSLRequest, verified against the lab's CA:
+# corral carries it as bytes, untouched.
+psql -X -At -v ON_ERROR_STOP=1 "host=db.test port=5432 user=postgres dbname=postgres sslmode=verify-full sslrootcert=$W/lab-ca.pem" \
+  -c "SELECT 'TLS ' || ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()" 2>&1
 echo "=== python3"
 python3 - <<'EOF' 2>&1
 import socket
@@ -95,12 +100,18 @@ func TestPostgreSQLClient(t *testing.T) {
 	}
 	t.Cleanup(srv.Stop)
 	lab := netlab.Start(t, netlab.Host{Name: "db.test", Addr: addrDB})
+	// TLS is offered on TCP only: the lab relays to a loopback port.
+	pgAddr, err := srv.EnableTLS(lab.ServerCert(t, "db.test"))
+	if err != nil {
+		t.Fatalf("PostgreSQL with TLS: %v", err)
+	}
 	var conns atomic.Int64
-	lab.ServeTCP(t, addrDB, 5432, relay(srv.Socket(), &conns))
+	lab.ServeTCP(t, addrDB, 5432, relay(pgAddr, &conns))
 
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
 		writeOwned(t, m, filepath.Join(fx.W, "pg.sh"), []byte(psqlScript), 0o755)
+		writeOwned(t, m, filepath.Join(fx.W, "lab-ca.pem"), lab.CAPEM, 0o644)
 		before := conns.Load()
 		r := runCorral(t, fx, runOpts{
 			args: []string{"/usr/bin/bash", filepath.Join(fx.W, "pg.sh")},
@@ -109,7 +120,7 @@ func TestPostgreSQLClient(t *testing.T) {
     endpoints: [{host: db.test, port: 5432}]
     binaries: [{path: ` + psql + `}]
 `),
-			flags:   []string{"--upstream-dns", lab.DNS.String()},
+			flags:   []string{"--upstream-dns", lab.DNS.String(), "--env", "W=" + fx.W},
 			timeout: 90 * time.Second,
 		})
 		out := sections(r.stdout)
@@ -118,6 +129,9 @@ func TestPostgreSQLClient(t *testing.T) {
 		}
 		if !strings.Contains(out["psql"], "SERVER ") {
 			t.Errorf("psql did not report the server's version\n%s", r)
+		}
+		if !strings.Contains(out["psql-tls"], "TLS true\n") {
+			t.Errorf("psql over TLS, verifying the server's certificate, did not get through\n%s", r)
 		}
 		r.requireEvent(t, "net.connect.allowed", map[string]any{"host": "db.test", "port": 5432, "binary": psql, "policy": "db"})
 		// python3 is not the policy's binary: refused, and nothing of it

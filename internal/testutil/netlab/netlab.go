@@ -155,6 +155,7 @@ type Lab struct {
 	tcpSeen    []ConnSeen
 	closers    []func()
 	nsFD       int // the lab namespace, for listeners added after Start
+	caKey      *ecdsa.PrivateKey
 	conns      map[net.Conn]struct{}
 	streams    map[string]*labStream
 	sites      map[string]http.Handler // by host name, see Serve
@@ -217,7 +218,7 @@ func Start(t testing.TB, hosts ...Host) *Lab {
 	}
 
 	ca, caKey, caDER := newCA(t)
-	l.CA = ca
+	l.CA, l.caKey = ca, caKey
 	l.CAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 	l.CAFile = filepath.Join(t.TempDir(), "netlab-ca.pem")
 	if err := os.WriteFile(l.CAFile, l.CAPEM, 0o644); err != nil {
@@ -712,6 +713,30 @@ func (l *Lab) ServeTCP(t testing.TB, addr netip.Addr, port int, handle func(net.
 	l.closers = append(l.closers, func() { r.ln.Close() })
 	l.mu.Unlock()
 	l.serveRaw(r.ln, handle)
+}
+
+// ServerCert issues a certificate for the lab host name (and its address)
+// signed by the lab's CA, for a real server of a test's own (PostgreSQL,
+// say) to present; it returns the certificate and its key as PEM.
+func (l *Lab) ServerCert(t testing.TB, name string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	name = normName(name)
+	var addr netip.Addr
+	for _, h := range l.Hosts {
+		if h.Name == name {
+			addr = h.Addr
+		}
+	}
+	if !addr.IsValid() {
+		t.Fatalf("netlab: ServerCert for %s, which is not one of the lab's hosts", name)
+	}
+	c := newLeaf(t, l.CA, l.caKey, []string{name}, addr)
+	der, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatalf("netlab: %v", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
 
 // connKey is the request context key under which serveHTTP stores the

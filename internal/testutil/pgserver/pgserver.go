@@ -6,6 +6,7 @@ package pgserver
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -22,10 +23,20 @@ type Server struct {
 	Dir  string // data/, the socket and the log live here
 	bin  string // directory of initdb, pg_ctl
 	cred *syscall.Credential
+	port int // set by EnableTLS; 0 is PostgreSQL's 5432
 }
 
 // Socket is the path of the server's unix socket.
-func (s *Server) Socket() string { return filepath.Join(s.Dir, ".s.PGSQL.5432") }
+func (s *Server) Socket() string {
+	return filepath.Join(s.Dir, fmt.Sprintf(".s.PGSQL.%d", s.portOr5432()))
+}
+
+func (s *Server) portOr5432() int {
+	if s.port == 0 {
+		return 5432
+	}
+	return s.port
+}
 
 // pgDirPrefix names the server directories in the temp dir, so a run can
 // find and remove what a crashed run left behind.
@@ -124,6 +135,48 @@ func (s *Server) run(tool string, args ...string) error {
 	return nil
 }
 
+// EnableTLS restarts the server listening on a loopback TCP port too (it
+// offers TLS on TCP only, never on its unix socket), with the certificate
+// and key given (PEM), and returns that port's address.
+func (s *Server) EnableTLS(certPEM, keyPEM []byte) (string, error) {
+	data := filepath.Join(s.Dir, "data")
+	for name, b := range map[string][]byte{"server.crt": certPEM, "server.key": keyPEM} {
+		p := filepath.Join(data, name)
+		// The server refuses a key others may read.
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			return "", err
+		}
+		if s.cred != nil {
+			if err := os.Chown(p, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return "", err
+			}
+		}
+	}
+	// A port free now; the socket's name follows it (.s.PGSQL.PORT).
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return "", err
+	}
+	_, err = fmt.Fprintf(f, "ssl = on\nlisten_addresses = '127.0.0.1'\nport = %d\n", port)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := s.run("pg_ctl", "-D", data, "-l", filepath.Join(s.Dir, "server.log"), "-w", "-t", "60", "-m", "fast", "restart"); err != nil {
+		return "", err
+	}
+	s.port = port
+	return fmt.Sprintf("127.0.0.1:%d", port), nil
+}
+
 // Stop stops the server at once and removes its directory.
 func (s *Server) Stop() {
 	if err := s.run("pg_ctl", "-D", filepath.Join(s.Dir, "data"), "stop", "-m", "immediate"); err != nil {
@@ -167,5 +220,5 @@ func removeStalePostgres(bin string) {
 
 // URL is a connection URL for database db over the unix socket.
 func (s *Server) URL(db string) string {
-	return fmt.Sprintf("postgres:///%s?host=%s&user=postgres", db, s.Dir)
+	return fmt.Sprintf("postgres:///%s?host=%s&port=%d&user=postgres", db, s.Dir, s.portOr5432())
 }
