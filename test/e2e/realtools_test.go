@@ -108,9 +108,12 @@ java LocalHost.java 2>&1 | grep -v 'Picked up'
 # A server of the workload's, reached by the sandbox's name with the proxy
 # variables set (proxy mode; block mode has no inet sockets at all).
 python3 -m http.server --bind 127.0.1.1 8000 >/dev/null 2>&1 &
-for i in 1 2 3 4 5 6 7 8 9 10; do curl -s -o /dev/null "http://$n:8000/" && break; sleep 0.2; done
+srv=$!
+# Up to 10 s for the server to listen; less once it has given up (block).
+i=0
+until curl -s -o /dev/null "http://$n:8000/" || ! kill -0 $srv 2>/dev/null || [ $((i += 1)) -ge 100 ]; do sleep 0.1; done
 curl -sS -o /dev/null -w "OWN_SERVER %{http_code}\n" "http://$n:8000/"
-kill $! 2>/dev/null; true
+kill $srv 2>/dev/null; true
 `
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		for _, net := range []string{"block", "proxy"} {
