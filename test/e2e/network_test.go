@@ -272,6 +272,12 @@ sec bind_curl
 $C --noproxy '*' http://curlonly.test$P/bind-curl; echo " rc=$?"
 sec bind_python
 python3 -c "$(cat urlget.py)" http://curlonly.test$P/bind-python proxy
+# The SOCKS port serves HTTP proxy requests too (for clients that take
+# ALL_PROXY for an HTTP proxy): under the same binding.
+sec socksport_curl
+$C -x http://SOCKS_ADDR http://curlonly.test$P/socksport-curl; echo " rc=$?"
+sec socksport_python
+http_proxy=http://SOCKS_ADDR python3 -c "$(cat urlget.py)" http://curlonly.test$P/socksport-python proxy
 
 sec script_tool
 python3 ./tool.py http://tool.test$P/script-tool
@@ -871,7 +877,7 @@ func TestNetwork(t *testing.T) {
 			t.Run("main", func(t *testing.T) {
 				t.Parallel()
 				fx := newNetFixture(t)
-				writeOwned(t, m, filepath.Join(fx.W, "main.sh"), []byte(mainScript), 0o755)
+				writeOwned(t, m, filepath.Join(fx.W, "main.sh"), []byte(strings.ReplaceAll(mainScript, "SOCKS_ADDR", socksProxy)), 0o755)
 				writeOwned(t, m, filepath.Join(fx.W, "tool.py"), []byte(urlGet), 0o644)
 				writeOwned(t, m, filepath.Join(fx.W, "tool.js"), []byte(nodeGet), 0o644)
 				curl, err := os.ReadFile("/usr/bin/curl")
@@ -999,6 +1005,8 @@ func TestNetwork(t *testing.T) {
 				body := n.denyBody("bind_python", `HTTPERR 403 (\{.*\})`)
 				requireFields(t, "bind_python 403 body", body, map[string]any{"reason": "binary_not_allowed", "host": "curlonly.test", "port": 80, "binary": "/usr/bin/python3.11", "policy": "curlonly"})
 				n.event("net.connect.denied", map[string]any{"via": "http_forward", "host": "curlonly.test", "port": 80, "binary": "/usr/bin/python3.11", "reason": "binary_not_allowed"})
+				n.has("socksport_curl", `hello from curlonly\.test GET `+regexp.QuoteMeta(P)+`/socksport-curl rc=0`)
+				n.has("socksport_python", `HTTPERR 403 \{.*"reason":"binary_not_allowed"`)
 
 				// Script binding: python3 ./tool.py yes, python3 -c no.
 				n.has("script_tool", `STATUS 200 hello from tool\.test GET `+regexp.QuoteMeta(P)+`/script-tool`)
