@@ -31,8 +31,9 @@ func (s *supervisor) writeBrowserConfig(policy []byte) error {
 			continue
 		}
 		// The copy's own directory is made by copyConfigDir, as the
-		// host's is; only the directories above it are corral's.
-		if err := mkdirReadable(root, filepath.Dir(m.Source)); err != nil {
+		// host's is. The ones above it are only the bind's source path,
+		// which the workload never walks.
+		if err := os.MkdirAll(filepath.Dir(m.Source), 0o700); err != nil {
 			return fmt.Errorf("browser configuration copy: %w", err)
 		}
 		if err := copyConfigDir(m.Target, m.Source); err != nil {

@@ -25,22 +25,36 @@ func (s *supervisor) writeEtcFiles() error {
 			return err
 		}
 	}
-	// The host's entries stay: the sandbox saw them before this file
-	// covered them, and a name there decides nothing about egress. Only
-	// a file everyone may read, as the copy is: the workload reads it as
-	// another user, and what it could not read it must not get here.
-	host, err := readWorldReadable("/etc/hosts")
+	hosts, err := sandboxHosts("/etc/hosts", s.Plan.Hostname)
 	if err != nil {
-		return fmt.Errorf("read the host's /etc/hosts: %w", err)
+		return err
 	}
-	if len(host) > 0 && host[len(host)-1] != '\n' {
-		host = append(host, '\n')
-	}
-	hosts := fmt.Appendf(host, "# added by corral: the sandbox's own name\n%s\t%s\n", plan.HostnameAddr, s.Plan.Hostname)
 	if err := writeReadable(statedir.Hosts(s.StateDir, s.ID), hosts); err != nil {
 		return fmt.Errorf("write hosts: %w", err)
 	}
 	return nil
+}
+
+// sandboxHosts is the sandbox's /etc/hosts: the host's file at path plus
+// the sandbox's own name. The host's entries stay: the sandbox saw them
+// before this file covered them, and a name there decides nothing about
+// egress. Only a file everyone may read, as the copy is: the workload
+// reads it as another user, and what it could not read it must not get
+// here.
+func sandboxHosts(path, hostname string) ([]byte, error) {
+	host, err := readWorldReadable(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the host's %s: %w", path, err)
+	}
+	if len(host) == 0 {
+		// Not the host's entries, but localhost must still resolve: with
+		// "files dns" it would otherwise go to the resolver.
+		host = []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+	}
+	if host[len(host)-1] != '\n' {
+		host = append(host, '\n')
+	}
+	return fmt.Appendf(host, "# added by corral: the sandbox's own name\n%s\t%s\n", plan.HostnameAddr, hostname), nil
 }
 
 // readWorldReadable returns the file at path if everyone may read it, and

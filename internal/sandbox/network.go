@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/corral-sandbox/corral/internal/advisor/policylocal"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
@@ -92,27 +90,6 @@ func writeReadable(path string, data []byte) error {
 		_, err := w.Write(data)
 		return err
 	})
-}
-
-// mkdirReadable creates base and dir below it, with any directories
-// between, each 0755 whatever the umask, for the workload to enter as
-// another user. base's parent must exist.
-func mkdirReadable(base, dir string) error {
-	rel, err := filepath.Rel(base, dir)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return fmt.Errorf("%s is not below %s", dir, base)
-	}
-	p := base
-	for _, part := range append([]string{"."}, strings.Split(rel, "/")...) {
-		p = filepath.Join(p, part)
-		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		if err := os.Chmod(p, 0o755); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // startEgress starts the policy advisor, receives the listeners the init

@@ -67,6 +67,9 @@ type Server struct {
 	exhausted everyN
 }
 
+// hostnameIP is plan.HostnameAddr as the answer to the sandbox's own name.
+var hostnameIP = net.ParseIP(plan.HostnameAddr).To4()
+
 func (s *Server) init() {
 	s.once.Do(func() { s.denied = newEventLimiter() })
 }
@@ -320,7 +323,7 @@ func (s *Server) answer(q *mdns.Msg, src netip.AddrPort) *mdns.Msg {
 		if qs.Qtype == mdns.TypeA {
 			r.Answer = []mdns.RR{&mdns.A{
 				Hdr: mdns.RR_Header{Name: qs.Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: TTL},
-				A:   net.ParseIP(plan.HostnameAddr).To4(),
+				A:   hostnameIP,
 			}}
 		}
 		return r
