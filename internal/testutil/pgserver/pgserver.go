@@ -26,11 +26,7 @@ type Server struct {
 	port int // set by EnableTLS; 0 is PostgreSQL's 5432
 }
 
-// Socket is the path of the server's unix socket.
-func (s *Server) Socket() string {
-	return filepath.Join(s.Dir, fmt.Sprintf(".s.PGSQL.%d", s.portOr5432()))
-}
-
+// portOr5432 is the port the server listens on (its socket's name).
 func (s *Server) portOr5432() int {
 	if s.port == 0 {
 		return 5432
