@@ -17,8 +17,9 @@ import (
 	"syscall"
 )
 
-// Server is a PostgreSQL server listening only on its unix socket in Dir,
-// with trust authentication for the user postgres.
+// Server is a PostgreSQL server listening on its unix socket in Dir (and,
+// after EnableTLS, on a loopback port), with trust authentication for the
+// user postgres.
 type Server struct {
 	Dir  string // data/, the socket and the log live here
 	bin  string // directory of initdb, pg_ctl
