@@ -137,6 +137,10 @@ type Limits struct {
 	// nothing either way before it is closed.
 	Connections  int64 `json:"connections,omitempty"`
 	TunnelIdleMS int64 `json:"tunnel_idle_ms,omitempty"`
+	// NprocMax, where no pids cgroup can hold Pids in a sandbox with a
+	// user namespace of its own, is the RLIMIT_NPROC the init sets for
+	// itself and so for everything it starts; 0 otherwise.
+	NprocMax int64 `json:"nproc_max,omitempty"`
 	// Enforcement says per limit how this host enforces it.
 	Enforcement []string `json:"enforcement"`
 	// Enforced is false when no cgroup can be created here.

@@ -853,6 +853,7 @@ func (b *builder) limits() error {
 	cl := cgroup.Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPUCores: l.CPUCores}
 	l.Enforcement = cgroup.Plan(b.h.Cgroups, cl)
 	l.Enforced = b.h.Cgroups.Writable && (l.MemoryBytes > 0 || l.Pids > 0 || l.CPUCores > 0)
+	b.nprocFallback(&l)
 	for _, line := range l.Enforcement {
 		if strings.Contains(line, cgroup.NotEnforced) {
 			l.NotEnforced = append(l.NotEnforced, line)
@@ -872,6 +873,28 @@ func (b *builder) limits() error {
 	}
 	b.pl.Limits = l
 	return nil
+}
+
+// nprocFallback holds the pids limit with RLIMIT_NPROC where no pids
+// cgroup can and the sandbox has a user namespace of its own (rootless):
+// there the kernel counts the tasks of the sandbox's uid in that namespace
+// alone, the init's threads among them as in a pids cgroup, and nothing
+// inside may raise the limit (that takes CAP_SYS_RESOURCE in the initial
+// namespace). As root the sandbox shares the host's user namespace, where
+// the count would be every process of the workload's uid on the host.
+func (b *builder) nprocFallback(l *plan.Limits) {
+	why := b.h.Cgroups.Unusable(cgroup.Pids)
+	if l.Pids <= 0 || why == "" || !b.pl.Rootless || !b.h.NprocPerUserNS {
+		return
+	}
+	l.NprocMax = l.Pids
+	prefix := "pids " + strconv.FormatInt(l.Pids, 10) + " → "
+	for i, line := range l.Enforcement {
+		if strings.HasPrefix(line, prefix) {
+			l.Enforcement[i] = prefix + "RLIMIT_NPROC in the sandbox's own user namespace (no pids cgroup: " + why +
+				"): forks and threads beyond it, the init's own included, fail with EAGAIN"
+		}
+	}
 }
 
 // pinParents returns, for each read-only bind inside a writable one, a

@@ -109,9 +109,10 @@ func debianHost() Host {
 			"/home/ada/proj/link": "->/home/ada/.ssh", "/home/ada/.ssh": "owner=1000:1000 mode=0700",
 			"/srv": "", "/srv/data": "owner=0:0 mode=0755", "/root": "owner=0:0 mode=0700", "/root/w": "owner=0:0",
 		},
-		Users: fakeUsers{"ada": {UID: 1000, GID: 1000, Name: "ada", Home: "/home/ada", Groups: []uint32{1000, 27}}},
-		Home:  "/root",
-		IDMap: fakeIDMapper{},
+		Users:          fakeUsers{"ada": {UID: 1000, GID: 1000, Name: "ada", Home: "/home/ada", Groups: []uint32{1000, 27}}},
+		Home:           "/root",
+		IDMap:          fakeIDMapper{},
+		NprocPerUserNS: true,
 	}
 }
 
@@ -435,5 +436,60 @@ func TestBrowserConfig(t *testing.T) {
 	}
 	if got := browser(buildPlan(t, strings.Replace(proxy, "/etc]", "/etc, /etc/chromium]", 1), "/home/ada/proj", "", debianHost())); len(got) != 0 {
 		t.Errorf("a policy listing /etc/chromium: covered %v, want it as the policy says", got)
+	}
+}
+
+// TestPidsByRlimitWhereNoCgroup: rootless without a pids cgroup, the pids
+// limit is held by RLIMIT_NPROC in the sandbox's user namespace, where the
+// kernel counts per namespace; as root (the host's user namespace) or on a
+// kernel that counts host-wide it stays NOT ENFORCED, and with a pids
+// cgroup the cgroup holds it.
+func TestPidsByRlimitWhereNoCgroup(t *testing.T) {
+	p := testPolicy(t, "version: 1\nlimits:\n  pids: 64\n")
+	noCgroup := cgroup.Facts{Mode: cgroup.ModeHybrid, Reason: "cgroup v1: permission denied"}
+	for _, tc := range []struct {
+		name      string
+		host      func(*Host)
+		wantNproc int64
+	}{
+		{"rootless", func(h *Host) { h.EUID, h.EGID, h.Cgroups = 1000, 1000, noCgroup }, 64},
+		{"rootless, old kernel", func(h *Host) { h.EUID, h.EGID, h.Cgroups, h.NprocPerUserNS = 1000, 1000, noCgroup, false }, 0},
+		{"root", func(h *Host) { h.Cgroups = noCgroup }, 0},
+		{"rootless with cgroup", func(h *Host) { h.EUID, h.EGID = 1000, 1000 }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := debianHost()
+			tc.host(&h)
+			pl, err := Build(p, Context{Workdir: "/home/ada/proj", StateDir: "/s", ID: "x", Session: "s"}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := pl.Limits
+			if l.NprocMax != tc.wantNproc {
+				t.Errorf("nproc_max %d, want %d", l.NprocMax, tc.wantNproc)
+			}
+			pids := strings.Join(slices.DeleteFunc(slices.Clone(l.Enforcement), func(s string) bool { return !strings.HasPrefix(s, "pids ") }), "")
+			unenforced := strings.Contains(strings.Join(l.NotEnforced, "\n"), "pids")
+			switch {
+			case tc.wantNproc > 0 && (!strings.Contains(pids, "RLIMIT_NPROC") || unenforced):
+				t.Errorf("pids line %q, not enforced %q: want RLIMIT_NPROC and pids enforced", pids, l.NotEnforced)
+			case tc.wantNproc == 0 && strings.Contains(pids, "RLIMIT_NPROC"):
+				t.Errorf("pids line %q names RLIMIT_NPROC", pids)
+			case tc.wantNproc == 0 && h.Cgroups.Unusable(cgroup.Pids) != "" && !unenforced:
+				t.Errorf("pids missing from not enforced %q", l.NotEnforced)
+			}
+		})
+	}
+}
+
+func TestKernelAtLeast(t *testing.T) {
+	for release, want := range map[string]bool{
+		"5.14.0": true, "5.14": true, "6.1.0-18-amd64": true, "6.18.0": true, "5.15.0-91-generic": true,
+		"5.13.19": false, "4.19.0-27-amd64": false, "5.4.0-200-generic": false, "5": false, "": false, "x.y": false,
+		"5.14rc1": true, "10.0": true,
+	} {
+		if got := kernelAtLeast(release, 5, 14); got != want {
+			t.Errorf("kernelAtLeast(%q, 5, 14) = %v, want %v", release, got, want)
+		}
 	}
 }

@@ -7,7 +7,10 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
@@ -30,6 +33,11 @@ type Host struct {
 	// IDMap makes idmapped bind mounts; nil where corral cannot (it is
 	// not root).
 	IDMap IDMapper
+	// NprocPerUserNS is set where RLIMIT_NPROC counts a uid's tasks in
+	// each user namespace apart (Linux 5.14): there a limit set inside
+	// the sandbox's own namespace bounds the sandbox's tasks only. Before,
+	// it counted the uid's tasks on the whole host.
+	NprocPerUserNS bool
 }
 
 // IDMapper tells whether a host path can be bind-mounted idmapped with m,
@@ -85,15 +93,38 @@ type UserDB interface {
 // LocalHost reads the facts of the machine corral runs on.
 func LocalHost(stateDir string) Host {
 	return Host{
-		EUID:        uint32(os.Geteuid()),
-		EGID:        uint32(os.Getegid()),
-		LandlockABI: landlock.BestABI(),
-		Cgroups:     cgroup.Detect(),
-		FS:          osFS{},
-		Users:       osUsers{},
-		Home:        invokingHome(),
-		IDMap:       idmapper(stateDir),
+		EUID:           uint32(os.Geteuid()),
+		EGID:           uint32(os.Getegid()),
+		LandlockABI:    landlock.BestABI(),
+		Cgroups:        cgroup.Detect(),
+		FS:             osFS{},
+		Users:          osUsers{},
+		Home:           invokingHome(),
+		IDMap:          idmapper(stateDir),
+		NprocPerUserNS: kernelAtLeast(unameRelease(), 5, 14),
 	}
+}
+
+func unameRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// kernelAtLeast reports whether a kernel release ("6.8.0-45-generic")
+// is major.minor or later; an unparsable one is not.
+func kernelAtLeast(release string, major, minor int) bool {
+	maj, rest, _ := strings.Cut(release, ".")
+	mnr, _, _ := strings.Cut(rest, ".")
+	mnr = mnr[:len(mnr)-len(strings.TrimLeft(mnr, "0123456789"))]
+	a, err1 := strconv.Atoi(maj)
+	b, err2 := strconv.Atoi(mnr)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return a > major || (a == major && b >= minor)
 }
 
 // invokingHome is what ~ means to the user who ran corral. As root through

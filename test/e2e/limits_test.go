@@ -15,10 +15,16 @@ func TestLimits(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		if m.rootless && !rootlessLimits(t, m) {
+			// No delegated cgroup: RLIMIT_NPROC in the sandbox's own
+			// user namespace still holds the pids limit; nothing holds
+			// memory.
+			t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
+			t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m) })
 			limitsNotEnforced(t, m)
 			return
 		}
 		t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
+		t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m) })
 		t.Run("memory", func(t *testing.T) { memoryHog(t, m) })
 	})
 }
@@ -65,6 +71,35 @@ func forkBomb(t *testing.T, m *mode) {
 	}
 }
 
+// threadBomb: threads count against the pids limit as processes do (a
+// pids cgroup counts tasks, and so does RLIMIT_NPROC), here from a real
+// interpreter, which reports the refusal as its own error.
+func threadBomb(t *testing.T, m *mode) {
+	const script = `import threading
+ev = threading.Event()
+n = 0
+try:
+    for _ in range(5000):
+        threading.Thread(target=ev.wait, daemon=True).start()
+        n += 1
+    print("ESCAPED: started %d threads" % n)
+except RuntimeError as e:
+    print("BLOCKED after %d threads: %s" % (n, e))
+ev.set()
+`
+	fx := newFixture(t, m)
+	r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/python3", "-c", script},
+		policy: systemPolicy("limits:\n  pids: 64\n"), timeout: 90 * time.Second})
+	requireLimitsEnforced(t, r)
+	match := regexp.MustCompile(`BLOCKED after (\d+) threads`).FindStringSubmatch(r.stdout)
+	if match == nil || r.code != 0 {
+		t.Fatalf("want the threads refused under pids: 64\n%s", r)
+	}
+	if n, _ := strconv.Atoi(match[1]); n >= 64 {
+		t.Fatalf("%d threads started under pids: 64\n%s", n, r)
+	}
+}
+
 func memoryHog(t *testing.T, m *mode) {
 	fx := newFixture(t, m)
 	r := runCorral(t, fx, runOpts{args: []string{fx.attack, "alloc", "256"},
@@ -77,11 +112,11 @@ func memoryHog(t *testing.T, m *mode) {
 	r.requireEvent(t, "sandbox.exit", map[string]any{"code": 137})
 }
 
-// limitsNotEnforced: rootless without a delegated cgroup the limits cannot
-// be applied, and corral must say so rather than run silently without them.
+// limitsNotEnforced: rootless without a delegated cgroup the memory limit
+// cannot be applied, and corral must say so rather than run silently
+// without it.
 func limitsNotEnforced(t *testing.T, m *mode) {
 	for _, c := range []struct{ name, limits, want string }{
-		{"pids", "limits:\n  pids: 64\n", "pids"},
 		{"memory", "limits:\n  memory: 32MiB\n", "memory"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

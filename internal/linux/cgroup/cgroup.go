@@ -100,7 +100,7 @@ func Plan(f Facts, l Limits) []string {
 			out = append(out, it.ctrl+" → not limited")
 			continue
 		}
-		why := f.unusable(it.ctrl)
+		why := f.Unusable(it.ctrl)
 		if why == "" {
 			out = append(out, it.what+" → "+howEnforced(f.isV2(it.ctrl), it.ctrl, l))
 		} else {
@@ -113,8 +113,8 @@ func Plan(f Facts, l Limits) []string {
 	return out
 }
 
-// unusable says why controller c cannot enforce a limit, or "".
-func (f Facts) unusable(c string) string {
+// Unusable says why controller c cannot enforce a limit, or "".
+func (f Facts) Unusable(c string) string {
 	switch {
 	case !f.Writable:
 		return orDefault(f.Reason, "cgroups are not writable")

@@ -62,6 +62,11 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, int, *
 		return 0, -1, stepErr("apply landlock", err)
 	}
 	tr.Step("init: landlock")
+	if n := p.Limits.NprocMax; n > 0 {
+		if err := limitTasks(uint64(n)); err != nil {
+			return 0, -1, stepErr("limit the sandbox's tasks (RLIMIT_NPROC)", err)
+		}
+	}
 	listener, err := filter.Install(cfg.Seccomp, cfg.SeccompListener)
 	if err != nil {
 		return 0, -1, stepErr("install seccomp filter", err)
@@ -211,6 +216,26 @@ func envValue(env []string, key string) string {
 // ids (Landlock and seccomp's TSYNC extend it to every thread). The init is
 // made non-dumpable so a workload running as the same uid cannot ptrace it
 // or read its memory.
+// limitTasks sets RLIMIT_NPROC, soft and hard, on the init, for the
+// workload to inherit: the planner asks for it only where the kernel
+// counts the tasks of the sandbox's uid in its own user namespace, so this
+// bounds the sandbox as a pids cgroup would (the init's threads count, as
+// they would there). Nothing inside may raise it again. The value is read
+// back rather than trusted.
+func limitTasks(n uint64) error {
+	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+		return err
+	}
+	var got unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &got); err != nil {
+		return err
+	}
+	if got.Cur != n || got.Max != n {
+		return fmt.Errorf("RLIMIT_NPROC is %d/%d after setting %d", got.Cur, got.Max, n)
+	}
+	return nil
+}
+
 func narrowInherited() error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
