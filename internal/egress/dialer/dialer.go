@@ -129,8 +129,9 @@ func (d *Dialer) connect(ctx context.Context, r egress.Request, refuse func(neti
 
 	dial := d.dial
 	if dial == nil {
-		nd := &net.Dialer{Timeout: d.Timeout}
-		dial = nd.DialContext
+		dial = func(ctx context.Context, _, address string) (net.Conn, error) {
+			return connectTCP(ctx, netip.MustParseAddrPort(address), d.Timeout)
+		}
 	}
 	var errs []error
 	for _, ip := range ok {

@@ -1,0 +1,89 @@
+package dialer
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// connectTCP connects to ap and waits for the handshake in poll(2) on the
+// calling goroutine's thread, not in Go's network poller. In a busy
+// supervisor, parking the goroutine in the poller and having it scheduled
+// again once the handshake is done cost every connection about as much as
+// the handshake itself (`go test -bench ConnectionSetup ./test/bench/`,
+// the dial's share measured at p50). The price is a thread per connection
+// still being set up, which the admission limit bounds.
+//
+// timeout bounds the wait, and so does ctx's deadline if it is sooner;
+// with neither, the kernel's SYN retries do. A cancellation of ctx
+// without a deadline does not cut the wait short. Errors read as
+// net.Dialer's do ("dial tcp ADDR: connect: connection refused", or a
+// timeout).
+func connectTCP(ctx context.Context, ap netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	fail := func(err error) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ap), Err: err}
+	}
+	deadline, hasDeadline := ctx.Deadline()
+	if timeout > 0 && (!hasDeadline || time.Until(deadline) > timeout) {
+		deadline, hasDeadline = time.Now().Add(timeout), true
+	}
+	family, sa := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()})
+	if ap.Addr().Is4() {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail(os.NewSyscallError("socket", err))
+	}
+	if err := handshake(fd, sa, deadline, hasDeadline); err != nil {
+		unix.Close(fd)
+		return fail(err)
+	}
+	f := os.NewFile(uintptr(fd), "upstream")
+	defer f.Close()
+	// A copy of the descriptor, set up as net.Dialer sets up its own
+	// connections: no Nagle, TCP keep-alive.
+	return net.FileConn(f)
+}
+
+// handshake starts the connect on the non-blocking socket fd and waits
+// until it completes, fails or the deadline passes.
+func handshake(fd int, sa unix.Sockaddr, deadline time.Time, hasDeadline bool) error {
+	err := unix.Connect(fd, sa)
+	if err == nil {
+		return nil
+	}
+	if err != unix.EINPROGRESS && err != unix.EINTR {
+		return os.NewSyscallError("connect", err)
+	}
+	for {
+		wait := -1
+		if hasDeadline {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return os.ErrDeadlineExceeded
+			}
+			wait = int((left + time.Millisecond - 1) / time.Millisecond)
+		}
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(p, wait)
+		if err == unix.EINTR || (err == nil && n == 0) {
+			continue
+		}
+		if err != nil {
+			return os.NewSyscallError("poll", err)
+		}
+		soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return os.NewSyscallError("getsockopt", err)
+		}
+		if soErr != 0 {
+			return os.NewSyscallError("connect", unix.Errno(soErr))
+		}
+		return nil
+	}
+}
