@@ -10,20 +10,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// maxThreadDials bounds the handshakes waited for on threads of their own
+// at once; beyond it connectTCP waits in the network poller, so that
+// upstreams that never answer cannot make the supervisor start a thread
+// per connection the sandbox opens.
+const maxThreadDials = 64
+
+var threadDials = make(chan struct{}, maxThreadDials)
+
 // connectTCP connects to ap and waits for the handshake in poll(2) on the
 // calling goroutine's thread, not in Go's network poller. In a busy
 // supervisor, parking the goroutine in the poller and having it scheduled
 // again once the handshake is done cost every connection about as much as
 // the handshake itself (`go test -bench ConnectionSetup ./test/bench/`,
-// the dial's share measured at p50). The price is a thread per connection
-// still being set up, which the admission limit bounds.
+// the dial's share measured at p50). The price is a thread per handshake
+// in progress, up to maxThreadDials; more at once go through net.Dialer.
 //
 // timeout bounds the wait, and so does ctx's deadline if it is sooner;
-// with neither, the kernel's SYN retries do. A cancellation of ctx
-// without a deadline does not cut the wait short. Errors read as
-// net.Dialer's do ("dial tcp ADDR: connect: connection refused", or a
-// timeout).
+// with neither, the kernel's SYN retries do. On a thread of its own a
+// cancellation of ctx without a deadline does not cut the wait short.
+// Errors read as net.Dialer's do ("dial tcp ADDR: connect: connection
+// refused", or a timeout).
 func connectTCP(ctx context.Context, ap netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	select {
+	case threadDials <- struct{}{}:
+		defer func() { <-threadDials }()
+	default:
+		return (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", ap.String())
+	}
 	fail := func(err error) (net.Conn, error) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ap), Err: err}
 	}

@@ -52,6 +52,35 @@ func TestConnectTCP(t *testing.T) {
 	}
 }
 
+// TestConnectTCPBeyondThreads: with every thread's worth of handshakes in
+// progress, a dial still connects, through the network poller.
+func TestConnectTCPBeyondThreads(t *testing.T) {
+	for range maxThreadDials {
+		threadDials <- struct{}{}
+	}
+	defer func() {
+		for range maxThreadDials {
+			<-threadDials
+		}
+	}()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ap := l.Addr().(*net.TCPAddr).AddrPort()
+	c, err := connectTCP(context.Background(), ap, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	l.Close()
+	_, err = connectTCP(context.Background(), ap, time.Second)
+	if !errors.Is(err, syscall.ECONNREFUSED) || err.Error() != "dial tcp "+ap.String()+": connect: connection refused" {
+		t.Fatalf("got %v, want the same refusal as on a thread", err)
+	}
+}
+
 // TestConnectTCPRefused: a refusal reads as net.Dialer's does, and is
 // not a timeout.
 func TestConnectTCPRefused(t *testing.T) {
