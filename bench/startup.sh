@@ -3,8 +3,10 @@
 # `bwrap --unshare-all ... true`, measured side by side in one hyperfine run
 # so machine noise hits both equally. Prints each mean and the ratio.
 #
-#   bench/startup.sh             # block mode (built-in default policy)
-#   MODE=proxy bench/startup.sh  # proxy mode (capture, DNS and proxies set up)
+#   bench/startup.sh             # the built-in default policy (proxy mode,
+#                                # no endpoint: every connection captured, denied)
+#   MODE=proxy bench/startup.sh  # proxy mode with an endpoint allowed
+#   MODE=offline bench/startup.sh # network.mode: block (loopback only, no capture)
 #   RUNS=200 bench/startup.sh    # more runs
 #   CORRAL_BIN=/path/to/other/corral bench/startup.sh   # another build
 #   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
@@ -15,6 +17,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${RUNS:-100}
+case "${MODE:-block}" in
+block | proxy | offline) ;;
+*)
+	echo "bench/startup.sh: MODE=$MODE: use block (the built-in policy), proxy or offline" >&2
+	exit 2
+	;;
+esac
 for tool in bwrap hyperfine jq; do
 	command -v "$tool" >/dev/null || { echo "bench/startup.sh: $tool is required (apt-get install bubblewrap hyperfine jq)" >&2; exit 2; }
 done
@@ -32,7 +41,8 @@ fi
 mkdir -p "$work/proj" "$work/state"
 
 policy=""
-if [ "${MODE:-block}" = "proxy" ]; then
+case "${MODE:-block}" in
+proxy)
 	cat >"$work/proxy.yaml" <<'YAML'
 version: 1
 filesystem_policy:
@@ -41,7 +51,19 @@ network:
   allow: ["example.invalid:443"]
 YAML
 	policy="--policy $work/proxy.yaml"
-fi
+	;;
+offline)
+	cat >"$work/offline.yaml" <<'YAML'
+version: 1
+filesystem_policy:
+  include_workdir: true
+  read_only: [/usr, /lib, /lib64, /lib32, /bin, /sbin, /etc, /opt]
+network:
+  mode: block
+YAML
+	policy="--policy $work/offline.yaml"
+	;;
+esac
 run="$bin run --log-level error --state-dir $work/state --workdir $work/proj $policy"
 corral="$run -- true"
 bwrap="bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
