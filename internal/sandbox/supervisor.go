@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -206,6 +207,17 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.cmd.Args[0] = "corral-init"
 	s.cmd.Env = []string{}
 	s.cmd.ExtraFiles = []*os.File{initSock}
+	// The init's own threads count against the pids limit, and a Go
+	// program dies of a thread it cannot start: the init writes the limit
+	// itself, through this file, just before it starts the workload.
+	pidsMax, err := s.pidsMaxFile()
+	if err != nil {
+		return ExitSetupFailed, err
+	}
+	if pidsMax != nil {
+		defer pidsMax.Close()
+		s.cmd.ExtraFiles = append(s.cmd.ExtraFiles, pidsMax)
+	}
 	s.cmd.SysProcAttr = s.sysProcAttr()
 	wireInit(s.cmd, stdio, term)
 
@@ -234,6 +246,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("start sandbox init: %w", err)
 	}
 	initSock.Close()
+	if pidsMax != nil {
+		pidsMax.Close()
+	}
 	defer func() {
 		if s.cmd.ProcessState == nil {
 			_ = s.cmd.Process.Kill()
@@ -282,7 +297,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, errors.New("the seccomp filter hands connects to the supervisor, but this sandbox has no network capture to record them for")
 	}
 	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(),
-		Seccomp: filter, SeccompListener: listen, Trace: clock}
+		Seccomp: filter, SeccompListener: listen, PidsMax: pidsMax != nil, Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
@@ -336,6 +351,9 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, fmt.Errorf("unexpected %q message from sandbox init", first.Type)
 	}
 	if err := s.serveConnects(ctx, files, listen); err != nil {
+		return ExitSetupFailed, err
+	}
+	if err := s.checkPidsMax(pidsMax != nil); err != nil {
 		return ExitSetupFailed, err
 	}
 	s.phase("workload running")
@@ -621,6 +639,32 @@ func (s *supervisor) oomKilled() bool {
 		s.Log.Warn("read OOM state of sandbox cgroup", "err", err)
 	}
 	return oom
+}
+
+// pidsMaxFile is the sandbox cgroup's pids.max for the init to write, or
+// nil when no cgroup holds a pids limit.
+func (s *supervisor) pidsMaxFile() (*os.File, error) {
+	if s.cg == nil || s.Plan.Limits.Pids <= 0 {
+		return nil, nil
+	}
+	f, err := s.cg.PidsMaxFile()
+	if err != nil {
+		return nil, fmt.Errorf("open the sandbox cgroup's pids limit: %w", err)
+	}
+	return f, nil
+}
+
+// checkPidsMax reads back the pids limit the init wrote before starting
+// the workload.
+func (s *supervisor) checkPidsMax(written bool) error {
+	if !written {
+		return nil
+	}
+	got, err := s.cg.PidsMax()
+	if want := strconv.FormatInt(s.Plan.Limits.Pids, 10); err != nil || got != want {
+		return fmt.Errorf("the sandbox cgroup's pids.max is %q (%v) once the workload started, want %s", got, err, want)
+	}
+	return nil
 }
 
 func (s *supervisor) createCgroup() error {

@@ -20,11 +20,13 @@ func TestLimits(t *testing.T) {
 			// memory.
 			t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
 			t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m) })
+			t.Run("too-few-pids", func(t *testing.T) { tooFewPids(t, m) })
 			limitsNotEnforced(t, m)
 			return
 		}
 		t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
 		t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m) })
+		t.Run("too-few-pids", func(t *testing.T) { tooFewPids(t, m) })
 		t.Run("memory", func(t *testing.T) { memoryHog(t, m) })
 	})
 }
@@ -97,6 +99,20 @@ ev.set()
 	}
 	if n, _ := strconv.Atoi(match[1]); n >= 64 {
 		t.Fatalf("%d threads started under pids: 64\n%s", n, r)
+	}
+}
+
+// tooFewPids: a pids limit the sandbox's init uses up by itself (its
+// threads count, as in any pids cgroup) leaves no room for the command,
+// which fails to start with an error naming the limit; the init, a Go
+// program that cannot survive a thread it fails to start, is not starved
+// during its own set-up.
+func tooFewPids(t *testing.T, m *mode) {
+	fx := newFixture(t, m)
+	r := runCorral(t, fx, runOpts{args: []string{fx.attack, "exit", "0"}, policy: systemPolicy("limits:\n  pids: 4\n")})
+	requireLimitsEnforced(t, r)
+	if r.code != 126 || !strings.Contains(r.stderr, "limits.pids is 4") || strings.Contains(r.stderr, "fatal error") {
+		t.Fatalf("want exit 126 naming limits.pids, and no crash\n%s", r)
 	}
 }
 

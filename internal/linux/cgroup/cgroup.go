@@ -193,9 +193,12 @@ type groupDir struct {
 	controllers []string
 }
 
-// Create makes corral/<id> in every hierarchy needed for l, writes the limits
-// and returns the handle. Limits whose controller is not in f.Controllers are
-// skipped; Plan is what tells the user so. A hybrid host's controller-less
+// Create makes corral/<id> in every hierarchy needed for l, writes the
+// memory and CPU limits and returns the handle; the pids limit is the
+// caller's to write through PidsMaxFile, once the processes it moves in
+// first are running.
+// Limits whose controller is not in f.Controllers are skipped; Plan is what
+// tells the user so. A hybrid host's controller-less
 // cgroup2 group is best effort since it only speeds up Kill. On any error
 // everything created is removed again.
 func Create(f Facts, id string, l Limits) (*Cgroup, error) {
@@ -295,8 +298,6 @@ func (cg *Cgroup) make(g groupDir, l Limits) error {
 			}
 		case c == Memory:
 			err = setMemoryV1(g.path, l.MemoryBytes)
-		case c == Pids:
-			err = writeFile(g.path, "pids.max", strconv.FormatInt(l.Pids, 10))
 		case c == CPU && g.v2:
 			err = writeFile(g.path, "cpu.max", fmt.Sprintf("%d %d", quotaUS(l.CPUCores), cpuPeriodUS))
 		case c == CPU:
@@ -381,6 +382,32 @@ func enableControllers(dir string, ctrls []string) error {
 		}
 	}
 	return nil
+}
+
+// PidsMaxFile opens the group's pids.max, which Create leaves unlimited,
+// for writing; nil without a pids controller. The limit counts every
+// task in the group, and a Go program in it dies of a thread it cannot
+// start, so whoever runs the group's first process writes it when that
+// process starts what the limit is for, not before.
+func (cg *Cgroup) PidsMaxFile() (*os.File, error) {
+	for _, g := range cg.dirs {
+		if slices.Contains(g.controllers, Pids) {
+			return os.OpenFile(filepath.Join(g.path, "pids.max"), os.O_WRONLY, 0)
+		}
+	}
+	return nil, nil
+}
+
+// PidsMax reads the group's pids.max ("max" when unlimited); "" without
+// a pids controller.
+func (cg *Cgroup) PidsMax() (string, error) {
+	for _, g := range cg.dirs {
+		if slices.Contains(g.controllers, Pids) {
+			b, err := os.ReadFile(filepath.Join(g.path, "pids.max"))
+			return strings.TrimSpace(string(b)), err
+		}
+	}
+	return "", nil
 }
 
 // AddProc moves pid into the group in every hierarchy.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -269,6 +270,10 @@ func TestOOMKill(t *testing.T) {
 	cg := create(t, f, Limits{MemoryBytes: 32 << 20, Pids: 16, CPUCores: 0.5})
 
 	mem, pids, cpu := dirFor(t, cg, Memory), dirFor(t, cg, Pids), dirFor(t, cg, CPU)
+	if got := readTrim(t, pids.path, "pids.max"); got != "max" {
+		t.Errorf("pids.max is %q before LimitPids, want max", got)
+	}
+	writePidsMax(t, cg, 16)
 	checks := map[string]string{}
 	if mem.v2 {
 		checks[filepath.Join(mem.path, "memory.max")] = "33554432"
@@ -321,6 +326,23 @@ func TestOOMKill(t *testing.T) {
 	}
 }
 
+// writePidsMax sets the limit as the sandbox's init does, through the
+// file PidsMaxFile opened, and checks PidsMax reads it back.
+func writePidsMax(t *testing.T, cg *Cgroup, n int) {
+	t.Helper()
+	f, err := cg.PidsMaxFile()
+	if err != nil || f == nil {
+		t.Fatalf("PidsMaxFile: %v, %v", f, err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(strconv.Itoa(n)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cg.PidsMax(); err != nil || got != strconv.Itoa(n) {
+		t.Fatalf("PidsMax = %q, %v; want %d", got, err, n)
+	}
+}
+
 func TestPidsLimit(t *testing.T) {
 	f := realFacts(t, Pids)
 	t.Run("default", func(t *testing.T) { testPidsLimit(t, f) })
@@ -335,6 +357,7 @@ func TestPidsLimit(t *testing.T) {
 
 func testPidsLimit(t *testing.T, f Facts) {
 	cg := create(t, f, Limits{Pids: 16})
+	writePidsMax(t, cg, 16)
 	cmd := exec.Command("/bin/sh", "-c", `read x; i=0; while [ $i -lt 40 ]; do sleep 30 </dev/null >/dev/null 2>&1 & i=$((i+1)); done; echo started; wait`)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

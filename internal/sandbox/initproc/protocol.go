@@ -55,6 +55,11 @@ type Config struct {
 	// hands to the supervisor with MsgStarted: the filter passes some
 	// calls to it (seccomp.Notifies).
 	SeccompListener bool `json:"seccomp_listener,omitempty"`
+	// PidsMax says fd 4 is the sandbox cgroup's pids.max, which the init
+	// writes Plan.Limits.Pids to just before it starts the workload: the
+	// limit counts the init's own threads, and set sooner it could starve
+	// the init of one, which a Go program does not survive.
+	PidsMax bool `json:"pids_max,omitempty"`
 	// Trace, set when corral run --trace, puts each stage's start-up
 	// steps on the supervisor's timeline.
 	Trace *trace.Clock `json:"trace,omitempty"`

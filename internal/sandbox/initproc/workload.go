@@ -86,6 +86,11 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, int, *
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fail(0, stepErr("close inherited descriptors", err))
 	}
+	if cfg.PidsMax {
+		if err := writePidsMax(p.Limits.Pids); err != nil {
+			return fail(0, stepErr("set the sandbox's pids limit", err))
+		}
+	}
 	u := p.User
 	// Ctty names a descriptor of the child; the first one on the pty will do.
 	ctty := slices.Index(cfg.Terminal[:], true)
@@ -102,6 +107,9 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, int, *
 		code := 126
 		if errors.Is(err, unix.ENOENT) {
 			code = 127
+		}
+		if errors.Is(err, unix.EAGAIN) && p.Limits.Pids > 0 {
+			err = fmt.Errorf("%w: limits.pids is %d, and the sandbox's init already runs %s threads, which count against it; raise limits.pids", err, p.Limits.Pids, ownThreads())
 		}
 		return fail(0, &StepError{Step: "execute " + cfg.Argv[0], Code: code, Err: err})
 	}
@@ -216,6 +224,33 @@ func envValue(env []string, key string) string {
 // ids (Landlock and seccomp's TSYNC extend it to every thread). The init is
 // made non-dumpable so a workload running as the same uid cannot ptrace it
 // or read its memory.
+// pidsMaxFD is the sandbox cgroup's pids.max, when Config.PidsMax says
+// the supervisor passed it.
+const pidsMaxFD = 4
+
+// writePidsMax writes n to the cgroup's pids.max and closes the file.
+func writePidsMax(n int64) error {
+	v := strconv.FormatInt(n, 10)
+	m, err := unix.Write(pidsMaxFD, []byte(v))
+	unix.Close(pidsMaxFD)
+	if err == nil && m != len(v) {
+		err = fmt.Errorf("wrote %d of %d bytes", m, len(v))
+	}
+	return err
+}
+
+// ownThreads is the init's thread count as /proc/self/status gives it, or
+// "several".
+func ownThreads() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err == nil {
+		if n := statusField(string(b), "Threads"); n != "" {
+			return n
+		}
+	}
+	return "several"
+}
+
 // limitTasks sets RLIMIT_NPROC, soft and hard, on the init, for the
 // workload to inherit: the planner asks for it only where the kernel
 // counts the tasks of the sandbox's uid in its own user namespace, so this
