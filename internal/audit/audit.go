@@ -94,9 +94,6 @@ func WithMaxFileBytes(n int64) Option { return func(c *config) { c.maxFile = n }
 // WithKeep keeps n rotated files (path.1 is the newest).
 func WithKeep(n int) Option { return func(c *config) { c.keep = n } }
 
-// WithMaxFieldBytes cuts string fields longer than n bytes.
-func WithMaxFieldBytes(n int) Option { return func(c *config) { c.maxField = n } }
-
 // WithQueueLen bounds the events waiting for the writer.
 func WithQueueLen(n int) Option { return func(c *config) { c.queue = n } }
 
@@ -148,8 +145,6 @@ func (c *config) check() error {
 		return fmt.Errorf("audit log size cap %d: must be at least 4096 bytes", c.maxFile)
 	case c.keep < 1:
 		return fmt.Errorf("audit log rotation keeps %d files: must keep at least 1", c.keep)
-	case c.maxField < 64:
-		return fmt.Errorf("audit field cap %d: must be at least 64 bytes", c.maxField)
 	case c.queue < 1:
 		return fmt.Errorf("audit queue length %d: must be at least 1", c.queue)
 	}
