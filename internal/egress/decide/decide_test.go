@@ -412,8 +412,12 @@ func TestBadRulesRejected(t *testing.T) {
 		"http.send":     "package corral.egress\n\ndecision := {\"allow\": true} if http.send({\"method\": \"get\", \"url\": \"http://x\"})\n",
 		"lookup":        "package corral.egress\n\ndecision := {\"allow\": true} if net.lookup_ip_addr(\"x\")\n",
 	} {
-		if _, err := newEngine(p, []byte(rules)); err == nil {
+		_, err := newEngine(p, []byte(rules))
+		switch {
+		case err == nil:
 			t.Errorf("%s: New accepted the rules", name)
+		case (name == "http.send" || name == "lookup") && !strings.Contains(err.Error(), "corral leaves out"):
+			t.Errorf("%s: %v does not say why the built-in is missing", name, err)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
@@ -25,9 +27,16 @@ var (
 	packagePath = ast.MustParseRef("data.corral.egress")
 	// Rules run in the supervisor, outside the sandbox, on every
 	// connection: network I/O there would be slow and would reach places
-	// the sandbox itself may not.
-	unsafeBuiltins = map[string]struct{}{"http.send": {}, "net.lookup_ip_addr": {}}
+	// the sandbox itself may not. Rules that call these do not compile.
+	unsafeBuiltins = []string{"http.send", "net.lookup_ip_addr"}
 )
+
+// capabilities are OPA's own less the unsafe built-ins.
+func capabilities() *ast.Capabilities {
+	caps := ast.CapabilitiesForThisVersion()
+	caps.Builtins = slices.DeleteFunc(caps.Builtins, func(b *ast.Builtin) bool { return slices.Contains(unsafeBuiltins, b.Name) })
+	return caps
+}
 
 // engine is one user's rules prepared over one policy.
 type engine struct {
@@ -52,8 +61,14 @@ func compile(c *policy.Compiled, rules []byte) (userrules.Engine, error) {
 	// The store keeps AST values as they are, so evaluation reads data
 	// without converting it on every decision.
 	store := inmem.NewFromASTObject(ast.NewObject([2]*ast.Term{ast.StringTerm("network_policies"), data}))
-	compiler := ast.NewCompiler().WithUnsafeBuiltins(unsafeBuiltins)
+	compiler := ast.NewCompiler().WithCapabilities(capabilities())
 	if compiler.Compile(map[string]*ast.Module{"policy.rego": mod}); compiler.Failed() {
+		for _, name := range unsafeBuiltins {
+			if strings.Contains(compiler.Errors.Error(), "undefined function "+name) {
+				return nil, fmt.Errorf("policy rules: %w (rules run in the supervisor on every connection, so corral leaves out %s)",
+					compiler.Errors, strings.Join(unsafeBuiltins, " and "))
+			}
+		}
 		return nil, fmt.Errorf("policy rules: %w", compiler.Errors)
 	}
 	prepare := func(rule string) (*query, error) {
@@ -96,7 +111,7 @@ type query struct {
 func prepareQuery(compiler *ast.Compiler, store storage.Store, rule string) (*query, error) {
 	const result = ast.Var("result")
 	body := ast.NewBody(ast.Equality.Expr(ast.VarTerm(string(result)), ast.NewTerm(packagePath.Append(ast.StringTerm(rule)))))
-	qc := compiler.QueryCompiler().WithUnsafeBuiltins(unsafeBuiltins)
+	qc := compiler.QueryCompiler()
 	compiled, err := qc.Compile(body)
 	if err != nil {
 		return nil, err
