@@ -216,14 +216,6 @@ func envValue(env []string, key string) string {
 	return ""
 }
 
-// narrowInherited empties the capability sets a child's exec computes its
-// own from (ambient, inheritable, bounding) on this thread, the one that
-// forks: they are per thread and only the forking thread's pass on. With
-// all three empty an exec yields no capability whatever the uid, including
-// 0 and file capabilities. no_new_privs keeps a setuid binary from raising
-// ids (Landlock and seccomp's TSYNC extend it to every thread). The init is
-// made non-dumpable so a workload running as the same uid cannot ptrace it
-// or read its memory.
 // pidsMaxFD is the sandbox cgroup's pids.max, when Config.PidsMax says
 // the supervisor passed it.
 const pidsMaxFD = 4
@@ -271,6 +263,14 @@ func limitTasks(n uint64) error {
 	return nil
 }
 
+// narrowInherited empties the capability sets a child's exec computes its
+// own from (ambient, inheritable, bounding) on this thread, the one that
+// forks: they are per thread and only the forking thread's pass on. With
+// all three empty an exec yields no capability whatever the uid, including
+// 0 and file capabilities. no_new_privs keeps a setuid binary from raising
+// ids (Landlock and seccomp's TSYNC extend it to every thread). The init is
+// made non-dumpable so a workload running as the same uid cannot ptrace it
+// or read its memory.
 func narrowInherited() error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
