@@ -19,13 +19,13 @@ func TestLimits(t *testing.T) {
 			// user namespace still holds the pids limit; nothing holds
 			// memory.
 			t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
-			t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m) })
+			threadBombs(t, m)
 			t.Run("too-few-pids", func(t *testing.T) { tooFewPids(t, m) })
 			limitsNotEnforced(t, m)
 			return
 		}
 		t.Run("fork-bomb", func(t *testing.T) { forkBomb(t, m) })
-		t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m) })
+		threadBombs(t, m)
 		t.Run("too-few-pids", func(t *testing.T) { tooFewPids(t, m) })
 		t.Run("memory", func(t *testing.T) { memoryHog(t, m) })
 	})
@@ -75,9 +75,16 @@ func forkBomb(t *testing.T, m *mode) {
 
 // threadBomb: threads count against the pids limit as processes do (a
 // pids cgroup counts tasks, and so does RLIMIT_NPROC), here from a real
-// interpreter, which reports the refusal as its own error.
-func threadBomb(t *testing.T, m *mode) {
-	const script = `import threading
+// interpreter, which reports the refusal as its own error. It first tries
+// to lift RLIMIT_NPROC, which the limit must survive; prefix runs it some
+// other way (in a user namespace of its own).
+func threadBomb(t *testing.T, m *mode, extra string, prefix ...string) {
+	const script = `import resource, threading
+try:
+    resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("RLIMIT_NPROC lifted")
+except (ValueError, OSError) as e:
+    print("RLIMIT_NPROC kept: %s" % e)
 ev = threading.Event()
 n = 0
 try:
@@ -90,8 +97,8 @@ except RuntimeError as e:
 ev.set()
 `
 	fx := newFixture(t, m)
-	r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/python3", "-c", script},
-		policy: systemPolicy("limits:\n  pids: 64\n"), timeout: 90 * time.Second})
+	r := runCorral(t, fx, runOpts{args: append(prefix, "/usr/bin/python3", "-c", script),
+		policy: systemPolicy("limits:\n  pids: 64\n" + extra), timeout: 90 * time.Second})
 	requireLimitsEnforced(t, r)
 	match := regexp.MustCompile(`BLOCKED after (\d+) threads`).FindStringSubmatch(r.stdout)
 	if match == nil || r.code != 0 {
@@ -100,6 +107,15 @@ ev.set()
 	if n, _ := strconv.Atoi(match[1]); n >= 64 {
 		t.Fatalf("%d threads started under pids: 64\n%s", n, r)
 	}
+}
+
+// threadBombs runs the thread bomb as the workload, and again from a user
+// namespace the workload makes (the relaxed seccomp profile lets it):
+// rootless, where RLIMIT_NPROC holds the limit, the kernel must count that
+// namespace's tasks in the sandbox's too.
+func threadBombs(t *testing.T, m *mode) {
+	t.Run("thread-bomb", func(t *testing.T) { threadBomb(t, m, "") })
+	t.Run("thread-bomb-in-userns", func(t *testing.T) { threadBomb(t, m, "seccomp: relaxed\n", "/usr/bin/unshare", "--user") })
 }
 
 // tooFewPids: a pids limit the sandbox's init uses up by itself (its

@@ -101,6 +101,7 @@ func init() {
 		"ptrace-sibling":   cmdPtraceSibling,
 		"zombie":           cmdZombie,
 		"fork-bomb":        cmdForkBomb,
+		"descriptors":      cmdDescriptors,
 		"alloc":            cmdAlloc,
 
 		// Privileges.
@@ -569,6 +570,43 @@ func cmdPtraceSibling([]string) int {
 	_, _ = unix.Wait4(pid, &ws, unix.WALL, nil)
 	_ = unix.PtraceDetach(pid)
 	return escaped("PTRACE_ATTACH sibling %d succeeded", pid)
+}
+
+// cmdDescriptors looks for descriptors the workload inherited beyond its
+// stdio: the init holds the seccomp listener (with which the workload could
+// answer its own connects) and the cgroup's pids.max (with which it could
+// lift its pids limit) until it starts the workload. Raw system calls, so
+// that the Go runtime opens nothing of its own meanwhile.
+func cmdDescriptors([]string) int {
+	dir, err := unix.Open("/proc/self/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return blocked("open /proc/self/fd: %s", errno(err))
+	}
+	defer unix.Close(dir)
+	buf := make([]byte, 4096)
+	var extra []string
+	for {
+		n, err := unix.Getdents(dir, buf)
+		if err != nil {
+			return blocked("getdents: %s", errno(err))
+		}
+		if n == 0 {
+			break
+		}
+		_, _, names := unix.ParseDirent(buf[:n], -1, nil)
+		for _, name := range names {
+			fd, err := strconv.Atoi(name)
+			if err != nil || fd <= 2 || fd == dir {
+				continue
+			}
+			target, _ := os.Readlink("/proc/self/fd/" + name)
+			extra = append(extra, name+" -> "+target)
+		}
+	}
+	if len(extra) > 0 {
+		return escaped("inherited descriptors %s", strings.Join(extra, ", "))
+	}
+	return blocked("only stdin, stdout and stderr were inherited")
 }
 
 // cmdZombie double-forks: the middle process exits at once, so its child is
