@@ -407,16 +407,18 @@ decision := {"allow": true, "policy": p.name, "allowed_ips": ep.allowed_ips} if 
 func TestBadRulesRejected(t *testing.T) {
 	p := hostPolicy(nil, policy.Endpoint{Host: "api.github.com", Port: 443})
 	for name, rules := range map[string]string{
-		"syntax":        "package corral.egress\n\ndecision := {",
-		"wrong package": "package other\n\ndecision := {\"allow\": true}\n",
-		"http.send":     "package corral.egress\n\ndecision := {\"allow\": true} if http.send({\"method\": \"get\", \"url\": \"http://x\"})\n",
-		"lookup":        "package corral.egress\n\ndecision := {\"allow\": true} if net.lookup_ip_addr(\"x\")\n",
+		"syntax":               "package corral.egress\n\ndecision := {",
+		"wrong package":        "package other\n\ndecision := {\"allow\": true}\n",
+		"unsafe http.send":     "package corral.egress\n\ndecision := {\"allow\": true} if http.send({\"method\": \"get\", \"url\": \"http://x\"})\n",
+		"unsafe lookup":        "package corral.egress\n\ndecision := {\"allow\": true} if net.lookup_ip_addr(\"x\")\n",
+		"unsafe nested":        "package corral.egress\n\ndecision := {\"allow\": count(net.lookup_ip_addr(\"x\")) > 0}\n",
+		"unsafe in a function": "package corral.egress\n\nf(u) := http.send({\"method\": \"get\", \"url\": u})\n\ndecision := {\"allow\": true} if f(\"http://x\")\n",
 	} {
 		_, err := newEngine(p, []byte(rules))
 		switch {
 		case err == nil:
 			t.Errorf("%s: New accepted the rules", name)
-		case (name == "http.send" || name == "lookup") && !strings.Contains(err.Error(), "corral leaves out"):
+		case strings.HasPrefix(name, "unsafe") && !strings.Contains(err.Error(), "corral leaves out"):
 			t.Errorf("%s: %v does not say why the built-in is missing", name, err)
 		}
 	}

@@ -31,7 +31,7 @@ type Dialer struct {
 
 	// dial replaces the real connect in tests, which cannot reach the
 	// addresses whose allow decision they check.
-	dial func(ctx context.Context, network, address string) (net.Conn, error)
+	dial func(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
 
 	mu    sync.Mutex
 	cache map[string]cached
@@ -129,13 +129,13 @@ func (d *Dialer) connect(ctx context.Context, r egress.Request, refuse func(neti
 
 	dial := d.dial
 	if dial == nil {
-		dial = func(ctx context.Context, _, address string) (net.Conn, error) {
-			return connectTCP(ctx, netip.MustParseAddrPort(address), d.Timeout)
+		dial = func(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+			return connectTCP(ctx, addr, d.Timeout)
 		}
 	}
 	var errs []error
 	for _, ip := range ok {
-		c, err := dial(ctx, "tcp", netip.AddrPortFrom(ip, r.Port).String())
+		c, err := dial(ctx, netip.AddrPortFrom(ip, r.Port))
 		if err == nil {
 			return c, nil
 		}

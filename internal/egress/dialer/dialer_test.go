@@ -31,12 +31,10 @@ type recorder struct {
 	fail  map[string]bool
 }
 
-func (rec *recorder) dial(_ context.Context, network, address string) (net.Conn, error) {
+func (rec *recorder) dial(_ context.Context, addr netip.AddrPort) (net.Conn, error) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	if network != "tcp" {
-		return nil, errors.New("unexpected network " + network)
-	}
+	address := addr.String()
 	rec.tried = append(rec.tried, address)
 	if rec.fail[address] {
 		return nil, errors.New("connection refused")

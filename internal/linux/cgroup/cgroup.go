@@ -390,24 +390,32 @@ func enableControllers(dir string, ctrls []string) error {
 // start, so whoever runs the group's first process writes it when that
 // process starts what the limit is for, not before.
 func (cg *Cgroup) PidsMaxFile() (*os.File, error) {
-	for _, g := range cg.dirs {
-		if slices.Contains(g.controllers, Pids) {
-			return os.OpenFile(filepath.Join(g.path, "pids.max"), os.O_WRONLY, 0)
-		}
+	g, ok := cg.dirOf(Pids)
+	if !ok {
+		return nil, nil
 	}
-	return nil, nil
+	return os.OpenFile(filepath.Join(g.path, "pids.max"), os.O_WRONLY, 0)
 }
 
 // PidsMax reads the group's pids.max ("max" when unlimited); "" without
 // a pids controller.
 func (cg *Cgroup) PidsMax() (string, error) {
+	g, ok := cg.dirOf(Pids)
+	if !ok {
+		return "", nil
+	}
+	b, err := os.ReadFile(filepath.Join(g.path, "pids.max"))
+	return strings.TrimSpace(string(b)), err
+}
+
+// dirOf is the group's directory in controller c's hierarchy.
+func (cg *Cgroup) dirOf(c string) (groupDir, bool) {
 	for _, g := range cg.dirs {
-		if slices.Contains(g.controllers, Pids) {
-			b, err := os.ReadFile(filepath.Join(g.path, "pids.max"))
-			return strings.TrimSpace(string(b)), err
+		if slices.Contains(g.controllers, c) {
+			return g, true
 		}
 	}
-	return "", nil
+	return groupDir{}, false
 }
 
 // AddProc moves pid into the group in every hierarchy.
@@ -432,33 +440,31 @@ func (cg *Cgroup) Paths() []string {
 // OOMKilled reports whether the kernel OOM killer killed a process of the
 // group. Without a memory controller there is nothing to count, so false.
 func (cg *Cgroup) OOMKilled() (bool, error) {
-	for _, g := range cg.dirs {
-		if !slices.Contains(g.controllers, Memory) {
-			continue
-		}
-		if g.v2 {
-			kv, err := readKV(filepath.Join(g.path, "memory.events"))
-			if err != nil {
-				return false, err
-			}
-			return kv["oom_kill"] > 0, nil
-		}
-		kv, err := readKV(filepath.Join(g.path, "memory.oom_control"))
-		if err != nil {
-			return false, err
-		}
-		if n, ok := kv["oom_kill"]; ok {
-			return n > 0, nil
-		}
-		// Before Linux 4.13 there is no kill counter; having hit the limit
-		// while the OOM handler is engaged is the closest evidence.
-		fc, err := readInt(filepath.Join(g.path, "memory.failcnt"))
-		if err != nil {
-			return false, err
-		}
-		return fc > 0 && kv["under_oom"] > 0, nil
+	g, ok := cg.dirOf(Memory)
+	if !ok {
+		return false, nil
 	}
-	return false, nil
+	if g.v2 {
+		kv, err := readKV(filepath.Join(g.path, "memory.events"))
+		if err != nil {
+			return false, err
+		}
+		return kv["oom_kill"] > 0, nil
+	}
+	kv, err := readKV(filepath.Join(g.path, "memory.oom_control"))
+	if err != nil {
+		return false, err
+	}
+	if n, ok := kv["oom_kill"]; ok {
+		return n > 0, nil
+	}
+	// Before Linux 4.13 there is no kill counter; having hit the limit
+	// while the OOM handler is engaged is the closest evidence.
+	fc, err := readInt(filepath.Join(g.path, "memory.failcnt"))
+	if err != nil {
+		return false, err
+	}
+	return fc > 0 && kv["under_oom"] > 0, nil
 }
 
 // TCPOverLimit reports how many bytes of TCP socket buffers the group holds
@@ -468,21 +474,19 @@ func (cg *Cgroup) OOMKilled() (bool, error) {
 // too much. It is always 0 where socket buffers share memory.max (v2),
 // since there the overdraft pushes the group into its OOM killer.
 func (cg *Cgroup) TCPOverLimit() (int64, error) {
-	for _, g := range cg.dirs {
-		if g.v2 || !slices.Contains(g.controllers, Memory) || !exists(g.path, tcpLimitFile) {
-			continue
-		}
-		usage, err := readInt(filepath.Join(g.path, "memory.kmem.tcp.usage_in_bytes"))
-		if err != nil {
-			return 0, err
-		}
-		limit, err := readInt(filepath.Join(g.path, tcpLimitFile))
-		if err != nil {
-			return 0, err
-		}
-		return max(usage-limit, 0), nil
+	g, ok := cg.dirOf(Memory)
+	if !ok || g.v2 || !exists(g.path, tcpLimitFile) {
+		return 0, nil
 	}
-	return 0, nil
+	usage, err := readInt(filepath.Join(g.path, "memory.kmem.tcp.usage_in_bytes"))
+	if err != nil {
+		return 0, err
+	}
+	limit, err := readInt(filepath.Join(g.path, tcpLimitFile))
+	if err != nil {
+		return 0, err
+	}
+	return max(usage-limit, 0), nil
 }
 
 const (

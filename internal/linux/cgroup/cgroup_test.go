@@ -256,13 +256,11 @@ func readTrim(t *testing.T, dir, name string) string {
 
 func dirFor(t *testing.T, cg *Cgroup, ctrl string) groupDir {
 	t.Helper()
-	for _, g := range cg.dirs {
-		if slices.Contains(g.controllers, ctrl) {
-			return g
-		}
+	g, ok := cg.dirOf(ctrl)
+	if !ok {
+		t.Fatalf("no directory for %s in %v", ctrl, cg.Paths())
 	}
-	t.Fatalf("no directory for %s in %v", ctrl, cg.Paths())
-	return groupDir{}
+	return g
 }
 
 func TestOOMKill(t *testing.T) {

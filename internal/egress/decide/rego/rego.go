@@ -31,6 +31,30 @@ var (
 	unsafeBuiltins = []string{"http.send", "net.lookup_ip_addr"}
 )
 
+// unsafeCall is the first call in mod to an unsafe built-in, or nil; the
+// compiler, which does not know them, would call it an undefined function.
+func unsafeCall(mod *ast.Module) *ast.Term {
+	var found *ast.Term
+	check := func(op *ast.Term) {
+		if found == nil && slices.Contains(unsafeBuiltins, op.String()) {
+			found = op
+		}
+	}
+	ast.WalkExprs(mod, func(e *ast.Expr) bool {
+		if e.IsCall() {
+			check(e.OperatorTerm())
+		}
+		return false
+	})
+	ast.WalkTerms(mod, func(t *ast.Term) bool {
+		if c, ok := t.Value.(ast.Call); ok && len(c) > 0 {
+			check(c[0])
+		}
+		return false
+	})
+	return found
+}
+
 // capabilities are OPA's own less the unsafe built-ins.
 func capabilities() *ast.Capabilities {
 	caps := ast.CapabilitiesForThisVersion()
@@ -61,14 +85,12 @@ func compile(c *policy.Compiled, rules []byte) (userrules.Engine, error) {
 	// The store keeps AST values as they are, so evaluation reads data
 	// without converting it on every decision.
 	store := inmem.NewFromASTObject(ast.NewObject([2]*ast.Term{ast.StringTerm("network_policies"), data}))
+	if op := unsafeCall(mod); op != nil {
+		return nil, fmt.Errorf("policy rules: %v: %v is not available: rules run in the supervisor on every connection, so corral leaves out %s",
+			op.Location, op, strings.Join(unsafeBuiltins, " and "))
+	}
 	compiler := ast.NewCompiler().WithCapabilities(capabilities())
 	if compiler.Compile(map[string]*ast.Module{"policy.rego": mod}); compiler.Failed() {
-		for _, name := range unsafeBuiltins {
-			if strings.Contains(compiler.Errors.Error(), "undefined function "+name) {
-				return nil, fmt.Errorf("policy rules: %w (rules run in the supervisor on every connection, so corral leaves out %s)",
-					compiler.Errors, strings.Join(unsafeBuiltins, " and "))
-			}
-		}
 		return nil, fmt.Errorf("policy rules: %w", compiler.Errors)
 	}
 	prepare := func(rule string) (*query, error) {
