@@ -92,34 +92,50 @@ func writeReadable(path string, data []byte) error {
 	})
 }
 
-// startEgress starts the policy advisor, receives the listeners the init
-// created inside the sandbox's network namespace and has the egress serve
-// them until ctx ends.
-func (s *supervisor) startEgress(ctx context.Context, sup *os.File) error {
+// startEgress starts the policy advisor, takes the listeners of the
+// sandbox's network namespace (from the launcher, or from the init where
+// the init made them) and has the egress serve them until ctx ends.
+func (s *supervisor) startEgress(ctx context.Context, sup *os.File, ln *launcher) error {
 	// The advisor needs no listener, and reading the session's drafts takes
 	// milliseconds: it starts while the init builds the root and the
 	// capture, not after.
 	s.startAdvisor(ctx)
 	s.Trace.Step("policy advisor started (the session's drafts read)")
-	m, files, err := initproc.RecvFDs(sup)
+	var l *capture.Listeners
+	var err error
+	if ln.prepares {
+		l, err = ln.network()
+	} else {
+		l, err = receiveListeners(sup)
+	}
 	if err != nil {
-		return fmt.Errorf("receive network listeners from sandbox init: %w", err)
-	}
-	if m.Type == initproc.MsgError {
-		return &initproc.StepError{Step: m.Step, Code: m.Code, Err: errors.New(m.Error)}
-	}
-	if m.Type != initproc.MsgNetwork {
-		for _, f := range files {
-			f.Close()
-		}
-		return fmt.Errorf("sandbox init sent %q instead of its network listeners", m.Type)
-	}
-	l, err := capture.FromFiles(files)
-	if err != nil {
-		return fmt.Errorf("network listeners: %w", err)
+		return err
 	}
 	if !l.IPv6 {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
 	return s.Egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs, Connects: s.connects})
+}
+
+// receiveListeners takes the listeners the init created inside the
+// sandbox's network namespace.
+func receiveListeners(sup *os.File) (*capture.Listeners, error) {
+	m, files, err := initproc.RecvFDs(sup)
+	if err != nil {
+		return nil, fmt.Errorf("receive network listeners from sandbox init: %w", err)
+	}
+	if m.Type == initproc.MsgError {
+		return nil, &initproc.StepError{Step: m.Step, Code: m.Code, Err: errors.New(m.Error)}
+	}
+	if m.Type != initproc.MsgNetwork {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, fmt.Errorf("sandbox init sent %q instead of its network listeners", m.Type)
+	}
+	l, err := capture.FromFiles(files)
+	if err != nil {
+		return nil, fmt.Errorf("network listeners: %w", err)
+	}
+	return l, nil
 }

@@ -14,7 +14,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -167,6 +166,8 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	// which is written while the init sets up; the init starts the
 	// workload only when told to, after it.
 	trustWritten := func() error { return nil }
+	ln := s.newLauncher()
+	defer ln.stop()
 	if s.run_, err = newRunDir(s.StateDir, s.ID); err != nil {
 		return ExitSetupFailed, err
 	}
@@ -218,7 +219,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		defer pidsMax.Close()
 		s.cmd.ExtraFiles = append(s.cmd.ExtraFiles, pidsMax)
 	}
-	s.cmd.SysProcAttr = s.sysProcAttr()
+	s.cmd.SysProcAttr = s.sysProcAttr(ln.prepares)
 	wireInit(s.cmd, stdio, term)
 
 	if s.Plan.Network.Capture != nil {
@@ -241,7 +242,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.Trace.Step("terminal, exec watch")
 	done := make(chan struct{})
 	clock := s.Trace.Child()
-	if err := s.startInit(done); err != nil {
+	if err := ln.start(s.cmd, done); err != nil {
 		initSock.Close()
 		return ExitSetupFailed, fmt.Errorf("start sandbox init: %w", err)
 	}
@@ -297,7 +298,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, errors.New("the seccomp filter hands connects to the supervisor, but this sandbox has no network capture to record them for")
 	}
 	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(),
-		Seccomp: filter, SeccompListener: listen, PidsMax: pidsMax != nil, Trace: clock}
+		Seccomp: filter, SeccompListener: listen, PidsMax: pidsMax != nil, NetworkReady: ln.prepares, Trace: clock}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}
@@ -308,7 +309,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	egressCtx, stopEgress := context.WithCancel(ctx)
 	defer stopEgress()
 	if s.Plan.Network.Capture != nil {
-		if err := s.startEgress(egressCtx, sup); err != nil {
+		if err := s.startEgress(egressCtx, sup, ln); err != nil {
 			return exitCode(err), err
 		}
 		s.Trace.Step("listeners received, egress serving")
@@ -450,24 +451,6 @@ func exitCode(err error) int {
 // startInit starts the init from a goroutine locked to its OS thread for the
 // child's whole life: Pdeathsig fires when the thread that forked dies, and
 // an unlocked thread may be retired by the Go runtime at any time.
-func (s *supervisor) startInit(done chan<- struct{}) error {
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := s.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		if err := awaitExit(s.cmd.Process.Pid); err != nil {
-			s.Log.Debug("wait for the sandbox init in the poller", "err", err)
-		}
-		_ = s.cmd.Wait()
-		close(done)
-	}()
-	return <-started
-}
-
 // awaitExit returns once the child pid has exited, leaving it to be
 // reaped. It waits in Go's network poller on a pidfd, not in wait4: a
 // thread blocked in a system call keeps its scheduler slot (P), so the
@@ -501,10 +484,15 @@ var cloneFlags = map[string]uintptr{
 	"uts": unix.CLONE_NEWUTS, "cgroup": unix.CLONE_NEWCGROUP, "net": unix.CLONE_NEWNET,
 }
 
-func (s *supervisor) sysProcAttr() *syscall.SysProcAttr {
+// sysProcAttr is how the init is cloned; netReady leaves out the network
+// namespace, which the launcher's thread has made already.
+func (s *supervisor) sysProcAttr(netReady bool) *syscall.SysProcAttr {
 	attr := &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
 	// The plan names the namespaces; network mode allow shares the host's.
 	for _, ns := range s.Plan.Namespaces {
+		if ns == "net" && netReady {
+			continue
+		}
 		attr.Cloneflags |= cloneFlags[ns]
 	}
 	if s.Plan.Rootless {

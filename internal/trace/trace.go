@@ -92,6 +92,16 @@ func (t *Tracer) StepAt(name string, end int64) {
 	t.last = end
 }
 
+// Fork returns a tracer on the same timeline for work of this process
+// that runs alongside the steps of t: the first of its steps counts from
+// now, and each later one from the one before it, apart from t's.
+func (t *Tracer) Fork() *Tracer {
+	if t == nil {
+		return nil
+	}
+	return &Tracer{w: t.w, origin: t.origin, last: Now()}
+}
+
 // Child returns the clock for a stage about to be started; nil when
 // tracing is off.
 func (t *Tracer) Child() *Clock {

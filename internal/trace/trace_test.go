@@ -52,3 +52,27 @@ func TestStepUsesMonotonicNow(t *testing.T) {
 		t.Fatalf("line %q", b.String())
 	}
 }
+
+// A fork's steps are on the parent's timeline but count their durations
+// among themselves, and leave the parent's own durations alone.
+func TestForkKeepsItsOwnDurations(t *testing.T) {
+	var b bytes.Buffer
+	tr := &Tracer{w: &b, origin: 1_000_000, last: 1_000_000}
+	f := tr.Fork()
+	if f.origin != tr.origin || f.last < 1_000_000 || f.w != tr.w {
+		t.Fatalf("fork %+v of %+v", f, tr)
+	}
+	f.last = 2_000_000 // pin it for the figures below
+	f.StepAt("fork: one", 4_000_000)
+	tr.StepAt("parent", 3_000_000)
+	f.StepAt("fork: two", 4_500_000)
+	want := "trace      3.0ms     +2.0ms  fork: one\n" +
+		"trace      2.0ms     +2.0ms  parent\n" +
+		"trace      3.5ms     +0.5ms  fork: two\n"
+	if b.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	if (*Tracer)(nil).Fork() != nil {
+		t.Fatal("a nil tracer's fork must be nil (tracing off)")
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
+	"github.com/corral-sandbox/corral/internal/linux/netns"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/trace"
 )
@@ -71,14 +72,16 @@ func InitMain() int {
 	if err := unix.Sethostname([]byte(cfg.Plan.Hostname)); err != nil {
 		return fail(stepErr("set hostname", err))
 	}
-	if slices.Contains(cfg.Plan.Namespaces, "net") {
-		if err := loopbackUp(); err != nil {
+	// As root the supervisor made the network namespace, loopback and
+	// capture included, on the thread it cloned us from.
+	if slices.Contains(cfg.Plan.Namespaces, "net") && !cfg.NetworkReady {
+		if err := netns.LoopbackUp(); err != nil {
 			return fail(stepErr("bring up loopback", err))
 		}
 	}
 	tr.Step("init: hostname, loopback")
 
-	if c := cfg.Plan.Network.Capture; c != nil {
+	if c := cfg.Plan.Network.Capture; c != nil && !cfg.NetworkReady {
 		if err := setupCapture(sup, c); err != nil {
 			return fail(stepErr("set up network capture", err))
 		}
@@ -245,26 +248,4 @@ func allocatePTY(sup *os.File, uid, gid uint32) (*os.File, error) {
 		return nil, fmt.Errorf("send pty to supervisor: %w", err)
 	}
 	return slave, nil
-}
-
-// loopbackUp sets IFF_UP on lo with the classic ioctl: the new network
-// namespace starts with loopback down and nothing else.
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("get lo flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("set lo up: %w", err)
-	}
-	return nil
 }

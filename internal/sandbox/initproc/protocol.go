@@ -60,6 +60,10 @@ type Config struct {
 	// limit counts the init's own threads, and set sooner it could starve
 	// the init of one, which a Go program does not survive.
 	PidsMax bool `json:"pids_max,omitempty"`
+	// NetworkReady says the init was cloned into a network namespace the
+	// supervisor has already set up (loopback, and in proxy mode the
+	// capture, whose listeners it holds): the init does neither.
+	NetworkReady bool `json:"network_ready,omitempty"`
 	// Trace, set when corral run --trace, puts each stage's start-up
 	// steps on the supervisor's timeline.
 	Trace *trace.Clock `json:"trace,omitempty"`
