@@ -24,18 +24,27 @@ func TestCaptureStaysInTheSandbox(t *testing.T) {
 		fx := newFixture(t, m)
 		n := strconv.Itoa(800000 + rand.IntN(99999))
 		p := startCorral(t, fx, runOpts{args: []string{"/bin/sleep", n}})
-		defer func() {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}()
 		var sleepers []int
 		for deadline := time.Now().Add(10 * time.Second); len(sleepers) == 0 && time.Now().Before(deadline); {
 			sleepers = hostProcs("/bin/sleep", n)
 			time.Sleep(20 * time.Millisecond)
 		}
 		if len(sleepers) != 1 {
+			_ = p.cmd.Process.Kill()
+			<-p.done
 			t.Fatalf("want one workload `sleep %s` in host /proc, found %v\nstderr: %s", n, sleepers, p.stderr)
 		}
+		// Ending the workload, not corral, lets corral remove its cgroup
+		// and run directory as after any run. Once: its pid is free after.
+		ended := false
+		end := func() {
+			if !ended {
+				ended = true
+				_ = unix.Kill(sleepers[0], unix.SIGKILL)
+				<-p.done
+			}
+		}
+		defer end()
 		if hasCaptureTable(t, -1) {
 			t.Fatalf("the host's network namespace holds nftables table inet %s while a sandbox runs", capture.TableName)
 		}
@@ -57,8 +66,7 @@ func TestCaptureStaysInTheSandbox(t *testing.T) {
 		if !hasCaptureTable(t, int(ns.Fd())) {
 			t.Fatalf("the workload's network namespace has no nftables table inet %s", capture.TableName)
 		}
-		_ = p.cmd.Process.Kill()
-		<-p.done
+		end()
 		if hasCaptureTable(t, -1) {
 			t.Fatalf("the host's network namespace holds nftables table inet %s after the run", capture.TableName)
 		}

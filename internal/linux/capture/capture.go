@@ -4,9 +4,11 @@
 // the sandbox's own network namespace it makes every address local (routed
 // to lo), installs nftables rules that send DNS and TCP to corral's
 // listeners and drop the rest, and creates those listeners as sockets of
-// this namespace. The sandbox's init runs Setup (as root of its
-// namespaces, before dropping privileges) and hands the sockets to the
-// supervisor, which serves them from the host namespaces.
+// this namespace. As root the supervisor runs Setup on the thread it then
+// clones the sandbox's init from, moved into the new namespace; rootless,
+// the init runs it (as root of its namespaces, before dropping privileges)
+// and hands the sockets over. The supervisor serves them from the host
+// namespaces.
 //
 // Nothing here touches the host: the namespace has no device but lo, so
 // nothing can leave it except through the listeners, and everything

@@ -25,8 +25,8 @@ func TestEnterNewMovesOnlyTheThread(t *testing.T) {
 	}
 	type result struct {
 		ino, thread uint64
-		up         bool
-		err        error
+		up          bool
+		err         error
 	}
 	done := make(chan result, 1)
 	Go(func() {
