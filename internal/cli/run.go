@@ -286,6 +286,14 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		return setupFailed(err)
 	}
 	tr.Step("policy loaded")
+	// As root the sandbox's network namespace is made from here on, on the
+	// other core, while the plan is built; Run checks it is what the plan
+	// asks for.
+	var launcher *sandbox.Launcher
+	if !f.noSandbox && !pol.SandboxDisabled() {
+		launcher = sandbox.StartLauncher(pol.NetworkMode(), tr)
+		defer launcher.Stop()
+	}
 
 	host := planner.LocalHost(state)
 	swept, err := sandbox.Sweep(state, host.Cgroups)
@@ -434,6 +442,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
+		Launcher: launcher,
 		Running: func() {
 			resumeGC()
 			log.Debug("set-up over: garbage collection resumed")

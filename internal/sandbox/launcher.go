@@ -2,12 +2,14 @@ package sandbox
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
 	"os/exec"
 	"slices"
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/netns"
-	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/trace"
 )
@@ -25,8 +27,10 @@ import (
 // Rootless, the namespace must belong to the sandbox's user namespace,
 // which only the init's own clone makes, so the init sets it up itself.
 type launcher struct {
-	// prepares says the thread makes the network namespace.
+	// prepares says the thread makes the network namespace, with the
+	// capture when capture is set.
 	prepares bool
+	capture  *capture.Config
 	// netDone is closed once the namespace is set up or has failed
 	// (netErr); then ino is its inode and, in proxy mode, listeners are
 	// the capture's sockets until the supervisor takes them.
@@ -36,34 +40,83 @@ type launcher struct {
 	listeners *capture.Listeners
 	taken     bool
 
-	launch chan launchRequest
-	quit   chan struct{}
-	ended  bool
+	launch  chan launchRequest
+	quit    chan struct{}
+	ended   bool
+	stopped bool
 }
 
 type launchRequest struct {
 	cmd     *exec.Cmd
+	log     *slog.Logger
 	started chan<- error
 	// done is closed once the init has exited and been reaped.
 	done chan<- struct{}
 }
 
-// newLauncher starts the thread; stop must be called whatever happens.
-func (s *supervisor) newLauncher() *launcher {
+// Launcher is a sandbox's launcher started ahead of the run, so that as
+// root its network namespace is made while corral still builds the plan.
+type Launcher struct{ l *launcher }
+
+// StartLauncher starts the launcher of a sandbox whose policy's network
+// mode is mode, as early as that is known; Run takes it through
+// Options.Launcher if its plan asks for what it prepared and makes
+// another otherwise. It is nil where there is nothing to start early
+// (rootless, or the host's network), and Stop ends it if the run never
+// does.
+func StartLauncher(mode string, tr *trace.Tracer) *Launcher {
+	if os.Geteuid() != 0 || mode == policy.ModeAllow {
+		return nil
+	}
+	var c *capture.Config
+	if mode == policy.ModeProxy {
+		c = &capture.DefaultConfig
+	}
+	return &Launcher{startLauncher(true, c, tr)}
+}
+
+// Stop ends the launcher if no init was started from it; nil is a no-op.
+func (l *Launcher) Stop() {
+	if l != nil {
+		l.l.stop()
+	}
+}
+
+// launcherFor returns the launcher the plan needs: the early one if it
+// prepared just that, else a new one (stopping the early one).
+func (s *supervisor) launcherFor(early *Launcher) *launcher {
+	prepares := !s.Plan.Rootless && slices.Contains(s.Plan.Namespaces, "net")
+	var c *capture.Config
+	if pc := s.Plan.Network.Capture; pc != nil && prepares {
+		c = &capture.Config{DNSPort: pc.DNSPort, TransparentPort: pc.TransparentPort,
+			HTTPProxyPort: pc.HTTPProxyPort, SOCKSPort: pc.SOCKSPort}
+	}
+	if early != nil {
+		l := early.l
+		if l.prepares == prepares && (l.capture == nil) == (c == nil) && (c == nil || *l.capture == *c) {
+			return l
+		}
+		l.stop()
+	}
+	return startLauncher(prepares, c, s.Trace)
+}
+
+func startLauncher(prepares bool, c *capture.Config, tr *trace.Tracer) *launcher {
 	l := &launcher{
-		prepares: !s.Plan.Rootless && slices.Contains(s.Plan.Namespaces, "net"),
+		prepares: prepares,
+		capture:  c,
 		netDone:  make(chan struct{}),
 		launch:   make(chan launchRequest),
 		quit:     make(chan struct{}),
 	}
-	c, tr := s.Plan.Network.Capture, s.Trace.Fork()
-	netns.Go(func() { l.run(s, c, tr) })
+	tr = tr.Fork()
+	netns.Go(func() { l.run(tr) })
 	return l
 }
 
-func (l *launcher) run(s *supervisor, c *plan.Capture, tr *trace.Tracer) {
+func (l *launcher) run(tr *trace.Tracer) {
 	if l.prepares {
-		l.ino, l.listeners, l.netErr = prepareNetwork(c, tr)
+		l.ino, l.listeners, l.netErr = prepareNetwork(l.capture, tr)
 	}
 	close(l.netDone)
 	if l.netErr != nil {
@@ -77,7 +130,7 @@ func (l *launcher) run(s *supervisor, c *plan.Capture, tr *trace.Tracer) {
 		}
 		r.started <- nil
 		if err := awaitExit(r.cmd.Process.Pid); err != nil {
-			s.Log.Debug("wait for the sandbox init in the poller", "err", err)
+			r.log.Debug("wait for the sandbox init in the poller", "err", err)
 		}
 		_ = r.cmd.Wait()
 		close(r.done)
@@ -88,7 +141,7 @@ func (l *launcher) run(s *supervisor, c *plan.Capture, tr *trace.Tracer) {
 // prepareNetwork moves the calling thread into a new network namespace
 // with loopback up and, given c, the capture's routes, rules and
 // listeners. Failures are the init's set-up steps of the same names.
-func prepareNetwork(c *plan.Capture, tr *trace.Tracer) (uint64, *capture.Listeners, error) {
+func prepareNetwork(c *capture.Config, tr *trace.Tracer) (uint64, *capture.Listeners, error) {
 	ino, err := netns.EnterNew()
 	if err == nil {
 		err = netns.LoopbackUp()
@@ -100,8 +153,7 @@ func prepareNetwork(c *plan.Capture, tr *trace.Tracer) (uint64, *capture.Listene
 	if c == nil {
 		return ino, nil, nil
 	}
-	ls, err := capture.Setup(capture.Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort,
-		HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort})
+	ls, err := capture.Setup(*c)
 	if err != nil {
 		return 0, nil, &initproc.StepError{Step: "set up network capture", Code: ExitSetupFailed, Err: err}
 	}
@@ -123,13 +175,13 @@ func (l *launcher) network() (*capture.Listeners, error) {
 // start clones cmd from the thread, into the prepared namespace if there
 // is one, and checks that the init is in it; done is closed once the init
 // has exited.
-func (l *launcher) start(cmd *exec.Cmd, done chan<- struct{}) error {
+func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan<- struct{}) error {
 	<-l.netDone
 	if l.netErr != nil {
 		return l.netErr
 	}
 	started := make(chan error, 1)
-	l.launch <- launchRequest{cmd: cmd, started: started, done: done}
+	l.launch <- launchRequest{cmd: cmd, log: log, started: started, done: done}
 	l.ended = true
 	if err := <-started; err != nil {
 		return err
@@ -150,8 +202,12 @@ func (l *launcher) start(cmd *exec.Cmd, done chan<- struct{}) error {
 }
 
 // stop ends the thread if no init was started from it, and closes
-// listeners nobody took.
+// listeners nobody took. It may be called more than once.
 func (l *launcher) stop() {
+	if l.stopped {
+		return
+	}
+	l.stopped = true
 	if !l.ended {
 		close(l.quit)
 		<-l.netDone

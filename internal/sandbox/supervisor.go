@@ -90,12 +90,16 @@ type Options struct {
 	AdvisorProbe bool
 	// Running, when set, is called once the workload runs, set-up over.
 	Running func()
+	// Launcher, when set, was started ahead of the run (StartLauncher);
+	// Run stops it whatever happens.
+	Launcher *Launcher
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
 // An error means corral failed before the workload ran (code 125) or the
 // workload could not be executed (126/127); it has been audited already.
 func Run(ctx context.Context, o Options) (int, error) {
+	defer o.Launcher.Stop()
 	if o.UncagedReason != "" {
 		sigs, stop := catchSignals()
 		defer stop()
@@ -166,7 +170,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	// which is written while the init sets up; the init starts the
 	// workload only when told to, after it.
 	trustWritten := func() error { return nil }
-	ln := s.newLauncher()
+	ln := s.launcherFor(s.Launcher)
 	defer ln.stop()
 	if s.run_, err = newRunDir(s.StateDir, s.ID); err != nil {
 		return ExitSetupFailed, err
@@ -242,7 +246,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	s.Trace.Step("terminal, exec watch")
 	done := make(chan struct{})
 	clock := s.Trace.Child()
-	if err := ln.start(s.cmd, done); err != nil {
+	if err := ln.start(s.cmd, s.Log, done); err != nil {
 		initSock.Close()
 		return ExitSetupFailed, fmt.Errorf("start sandbox init: %w", err)
 	}

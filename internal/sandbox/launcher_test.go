@@ -1,0 +1,88 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/corral-sandbox/corral/internal/linux/capture"
+	"github.com/corral-sandbox/corral/internal/plan"
+	"github.com/corral-sandbox/corral/internal/policy"
+)
+
+// A launcher started ahead of the run serves the run only if it prepared
+// what the plan asks for; otherwise the run gets a launcher of its own and
+// the early one ends, its listeners closed.
+func TestLauncherForPlan(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CORRAL_NO_SKIP") != "" {
+			t.Fatal("needs root (a network namespace and its capture); CORRAL_NO_SKIP is set")
+		}
+		t.Skip("needs root (a network namespace and its capture)")
+	}
+	cfg := capture.DefaultConfig
+	capturePlan := &plan.Capture{DNSPort: cfg.DNSPort, TransparentPort: cfg.TransparentPort,
+		HTTPProxyPort: cfg.HTTPProxyPort, SOCKSPort: cfg.SOCKSPort}
+	ns := []string{"mount", "pid", "ipc", "uts", "cgroup", "net"}
+	for _, tc := range []struct {
+		name  string
+		mode  string
+		plan  plan.Plan
+		keeps bool
+		// prepares and captures describe the launcher the run gets.
+		prepares, captures bool
+	}{
+		{"proxy as planned", policy.ModeProxy, plan.Plan{Namespaces: ns, Network: plan.Network{Capture: capturePlan}}, true, true, true},
+		{"block as planned", policy.ModeBlock, plan.Plan{Namespaces: ns}, true, true, false},
+		{"proxy, plan blocks", policy.ModeProxy, plan.Plan{Namespaces: ns}, false, true, false},
+		{"block, plan captures", policy.ModeBlock, plan.Plan{Namespaces: ns, Network: plan.Network{Capture: capturePlan}}, false, true, true},
+		{"proxy, plan rootless", policy.ModeProxy, plan.Plan{Rootless: true, Namespaces: append([]string{"user"}, ns...),
+			Network: plan.Network{Capture: capturePlan}}, false, false, false},
+		{"proxy, plan on other ports", policy.ModeProxy, plan.Plan{Namespaces: ns, Network: plan.Network{Capture: &plan.Capture{
+			DNSPort: 5353, TransparentPort: 15002, HTTPProxyPort: 3129, SOCKSPort: 1081}}}, false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			early := StartLauncher(tc.mode, nil)
+			if early == nil {
+				t.Fatal("no launcher started as root")
+			}
+			defer early.Stop()
+			if <-early.l.netDone; early.l.netErr != nil {
+				t.Fatal(early.l.netErr)
+			}
+			s := &supervisor{Options: Options{Plan: &tc.plan}}
+			l := s.launcherFor(early)
+			defer l.stop()
+			if (l == early.l) != tc.keeps {
+				t.Fatalf("kept the early launcher: %v, want %v", l == early.l, tc.keeps)
+			}
+			if l.prepares != tc.prepares || (l.capture != nil) != tc.captures {
+				t.Fatalf("the run's launcher prepares %v with capture %v, want %v and %v", l.prepares, l.capture, tc.prepares, tc.captures)
+			}
+			if _, err := l.network(); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.keeps {
+				if !early.l.stopped {
+					t.Fatal("the early launcher was not stopped")
+				}
+				if ls := early.l.listeners; ls != nil {
+					if _, err := ls.DNSUDP.Stat(); !errors.Is(err, os.ErrClosed) {
+						t.Fatalf("the early launcher's listeners are still open: %v", err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Nothing is started early rootless or on the host's network.
+func TestNoEarlyLauncher(t *testing.T) {
+	if StartLauncher(policy.ModeAllow, nil) != nil {
+		t.Fatal("a launcher started for network mode allow")
+	}
+	if os.Geteuid() != 0 && StartLauncher(policy.ModeProxy, nil) != nil {
+		t.Fatal("a launcher started rootless")
+	}
+	(*Launcher)(nil).Stop()
+}
