@@ -20,23 +20,28 @@ import (
 // process's main thread (netns.Go).
 //
 // As root it first makes the sandbox's network namespace on that thread
-// and sets it up, loopback and (in proxy mode) the capture, while the
-// supervisor goes on with the rest of its set-up on the other core; the
-// init is then cloned into that namespace ready and skips both steps,
-// which had kept it from building the root's mounts concurrently.
-// Rootless, the namespace must belong to the sandbox's user namespace,
-// which only the init's own clone makes, so the init sets it up itself.
+// and brings up its loopback; a second thread joins the namespace and sets
+// up the capture there (proxy mode) while the init is cloned into it and
+// starts, and while the supervisor goes on with the rest of its set-up.
+// The init then skips both steps, which had kept it from building the
+// root's mounts meanwhile. Rootless, the namespace must belong to the
+// sandbox's user namespace, which only the init's own clone makes, so the
+// init sets it up itself.
 type launcher struct {
 	// prepares says the thread makes the network namespace, with the
 	// capture when capture is set.
 	prepares bool
 	capture  *capture.Config
-	// netDone is closed once the namespace is set up or has failed
-	// (netErr); then ino is its inode and, in proxy mode, listeners are
-	// the capture's sockets until the supervisor takes them.
+	// nsDone is closed once the namespace exists with loopback up, or
+	// has failed (nsErr); then ino is its inode.
+	nsDone chan struct{}
+	nsErr  error
+	ino    uint64
+	// netDone is closed after nsDone, once the capture is set up or has
+	// failed (netErr); in proxy mode listeners are then its sockets,
+	// until the supervisor takes them.
 	netDone   chan struct{}
 	netErr    error
-	ino       uint64
 	listeners *capture.Listeners
 	taken     bool
 
@@ -105,6 +110,7 @@ func startLauncher(prepares bool, c *capture.Config, tr *trace.Tracer) *launcher
 	l := &launcher{
 		prepares: prepares,
 		capture:  c,
+		nsDone:   make(chan struct{}),
 		netDone:  make(chan struct{}),
 		launch:   make(chan launchRequest),
 		quit:     make(chan struct{}),
@@ -116,10 +122,12 @@ func startLauncher(prepares bool, c *capture.Config, tr *trace.Tracer) *launcher
 
 func (l *launcher) run(tr *trace.Tracer) {
 	if l.prepares {
-		l.ino, l.listeners, l.netErr = prepareNetwork(l.capture, tr)
+		l.prepareNamespace(tr)
+	} else {
+		close(l.nsDone)
+		close(l.netDone)
 	}
-	close(l.netDone)
-	if l.netErr != nil {
+	if l.nsErr != nil {
 		return
 	}
 	select {
@@ -138,31 +146,45 @@ func (l *launcher) run(tr *trace.Tracer) {
 	}
 }
 
-// prepareNetwork moves the calling thread into a new network namespace
-// with loopback up and, given c, the capture's routes, rules and
-// listeners. Failures are the init's set-up steps of the same names.
-func prepareNetwork(c *capture.Config, tr *trace.Tracer) (uint64, *capture.Listeners, error) {
-	ino, err := netns.EnterNew()
-	if err == nil {
-		err = netns.LoopbackUp()
+// prepareNamespace moves the calling thread into a new network namespace
+// with loopback up, and has another thread join it to set up the capture.
+// Failures are the init's set-up steps of the same names.
+func (l *launcher) prepareNamespace(tr *trace.Tracer) {
+	var ns *os.File
+	l.ino, l.nsErr = netns.EnterNew()
+	if l.nsErr == nil {
+		l.nsErr = netns.LoopbackUp()
 	}
-	if err != nil {
-		return 0, nil, &initproc.StepError{Step: "bring up loopback", Code: ExitSetupFailed, Err: err}
+	if l.nsErr == nil && l.capture != nil {
+		ns, l.nsErr = netns.Open()
+	}
+	if l.nsErr != nil {
+		l.nsErr = &initproc.StepError{Step: "bring up loopback", Code: ExitSetupFailed, Err: l.nsErr}
+		l.netErr = l.nsErr
 	}
 	tr.Step("network namespace, loopback (supervisor's init thread)")
-	if c == nil {
-		return ino, nil, nil
+	close(l.nsDone)
+	if ns == nil {
+		close(l.netDone)
+		return
 	}
-	ls, err := capture.Setup(*c)
-	if err != nil {
-		return 0, nil, &initproc.StepError{Step: "set up network capture", Code: ExitSetupFailed, Err: err}
-	}
-	tr.Step("capture rules, listeners (supervisor's init thread)")
-	return ino, ls, nil
+	netns.Go(func() {
+		defer close(l.netDone)
+		defer ns.Close()
+		err := netns.Join(ns, l.ino)
+		if err == nil {
+			l.listeners, err = capture.Setup(*l.capture)
+		}
+		if err != nil {
+			l.netErr = &initproc.StepError{Step: "set up network capture", Code: ExitSetupFailed, Err: err}
+			return
+		}
+		tr.Step("capture rules, listeners (supervisor's capture thread)")
+	})
 }
 
-// network waits for the namespace and returns its listeners (proxy
-// mode), which the caller then owns.
+// network waits for the namespace and its capture and returns the
+// capture's listeners (proxy mode), which the caller then owns.
 func (l *launcher) network() (*capture.Listeners, error) {
 	<-l.netDone
 	if l.netErr != nil {
@@ -176,9 +198,9 @@ func (l *launcher) network() (*capture.Listeners, error) {
 // is one, and checks that the init is in it; done is closed once the init
 // has exited.
 func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan<- struct{}) error {
-	<-l.netDone
-	if l.netErr != nil {
-		return l.netErr
+	<-l.nsDone
+	if l.nsErr != nil {
+		return l.nsErr
 	}
 	started := make(chan error, 1)
 	l.launch <- launchRequest{cmd: cmd, log: log, started: started, done: done}
@@ -201,8 +223,9 @@ func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan<- struct{}) 
 	return nil
 }
 
-// stop ends the thread if no init was started from it, and closes
-// listeners nobody took. It may be called more than once.
+// stop ends the thread if no init was started from it and, once the
+// capture is done, closes listeners nobody took. It may be called more
+// than once.
 func (l *launcher) stop() {
 	if l.stopped {
 		return
@@ -210,8 +233,8 @@ func (l *launcher) stop() {
 	l.stopped = true
 	if !l.ended {
 		close(l.quit)
-		<-l.netDone
 	}
+	<-l.netDone
 	if !l.taken && l.listeners != nil {
 		l.listeners.Close()
 	}

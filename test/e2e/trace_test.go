@@ -30,10 +30,10 @@ func TestStartupTrace(t *testing.T) {
 		"listeners received, egress serving"}
 	forEachMode(t, true, func(t *testing.T, m *mode) {
 		// Rootless the init makes the capture in its namespace; as root
-		// the supervisor's init thread makes the namespace, loopback and
+		// the supervisor's threads make the namespace, loopback and
 		// capture, and the init does neither.
 		capture := []string{"init: capture rules, listeners handed to the supervisor"}
-		notCapture := []string{"capture rules, listeners (supervisor's init thread)"}
+		notCapture := []string{"capture rules, listeners (supervisor's capture thread)"}
 		var namespace []string
 		if !m.rootless {
 			capture, notCapture = notCapture, capture

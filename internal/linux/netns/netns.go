@@ -11,6 +11,7 @@ package netns
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 
 	"golang.org/x/sys/unix"
@@ -63,6 +64,33 @@ func EnterNew() (uint64, error) {
 		return 0, errors.New("new network namespace: the thread is still in the namespace it started in")
 	}
 	return after, nil
+}
+
+// Open opens the calling thread's network namespace, for Join on
+// another thread.
+func Open() (*os.File, error) {
+	f, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("network namespace: %w", err)
+	}
+	return f, nil
+}
+
+// Join moves the calling thread into the network namespace ns, which must
+// be the one whose inode is ino, and returns an error if the thread is
+// not there after. The caller's goroutine is locked as for EnterNew.
+func Join(ns *os.File, ino uint64) error {
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("enter network namespace: %w", err)
+	}
+	now, err := Thread()
+	if err != nil {
+		return err
+	}
+	if now != ino {
+		return fmt.Errorf("enter network namespace: the thread is in %d, not %d", now, ino)
+	}
+	return nil
 }
 
 // Thread returns the inode of the calling thread's network namespace.

@@ -83,3 +83,50 @@ func TestGoAvoidsTheMainThread(t *testing.T) {
 		}
 	}
 }
+
+// Join moves a second thread into the namespace the first made, and says
+// so when the namespace it found is not the one it was told to expect.
+func TestJoin(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CORRAL_NO_SKIP") != "" {
+			t.Fatal("needs root (CAP_SYS_ADMIN to make and enter a network namespace); CORRAL_NO_SKIP is set")
+		}
+		t.Skip("needs root (CAP_SYS_ADMIN to make and enter a network namespace)")
+	}
+	type made struct {
+		ns  *os.File
+		ino uint64
+		err error
+	}
+	first := make(chan made, 1)
+	Go(func() {
+		var m made
+		if m.ino, m.err = EnterNew(); m.err == nil {
+			m.ns, m.err = Open()
+		}
+		first <- m
+	})
+	m := <-first
+	if m.err != nil {
+		t.Fatal(m.err)
+	}
+	defer m.ns.Close()
+	joined := make(chan error, 2)
+	Go(func() {
+		err := Join(m.ns, m.ino)
+		if err == nil {
+			var now uint64
+			if now, err = Thread(); err == nil && now != m.ino {
+				t.Errorf("after Join the thread is in %d, want %d", now, m.ino)
+			}
+		}
+		joined <- err
+	})
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	Go(func() { joined <- Join(m.ns, m.ino+1) })
+	if err := <-joined; err == nil {
+		t.Fatal("Join into a namespace other than the one expected did not fail")
+	}
+}
