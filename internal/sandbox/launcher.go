@@ -151,15 +151,20 @@ func (l *launcher) run(tr *trace.Tracer) {
 // Failures are the init's set-up steps of the same names.
 func (l *launcher) prepareNamespace(tr *trace.Tracer) {
 	var ns *os.File
+	step := "create network namespace"
 	l.ino, l.nsErr = netns.EnterNew()
-	if l.nsErr == nil {
-		l.nsErr = netns.LoopbackUp()
-	}
 	if l.nsErr == nil && l.capture != nil {
 		ns, l.nsErr = netns.Open()
 	}
+	if l.nsErr == nil {
+		step, l.nsErr = "bring up loopback", netns.LoopbackUp()
+	}
 	if l.nsErr != nil {
-		l.nsErr = &initproc.StepError{Step: "bring up loopback", Code: ExitSetupFailed, Err: l.nsErr}
+		if ns != nil {
+			ns.Close()
+			ns = nil
+		}
+		l.nsErr = &initproc.StepError{Step: step, Code: ExitSetupFailed, Err: l.nsErr}
 		l.netErr = l.nsErr
 	}
 	tr.Step("network namespace, loopback (supervisor's init thread)")
@@ -197,7 +202,7 @@ func (l *launcher) network() (*capture.Listeners, error) {
 // start clones cmd from the thread, into the prepared namespace if there
 // is one, and checks that the init is in it; done is closed once the init
 // has exited.
-func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan<- struct{}) error {
+func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan struct{}) error {
 	<-l.nsDone
 	if l.nsErr != nil {
 		return l.nsErr
@@ -214,13 +219,14 @@ func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan<- struct{}) 
 	// The clone left out CLONE_NEWNET: had the thread not been in the
 	// prepared namespace, the init would share another's.
 	ino, err := netns.Of(cmd.Process.Pid)
+	if err == nil && ino != l.ino {
+		err = fmt.Errorf("the sandbox init is not in the network namespace prepared for it (%d, not %d)", ino, l.ino)
+	}
 	if err != nil {
-		return err
+		_ = cmd.Process.Kill()
+		<-done
 	}
-	if ino != l.ino {
-		return fmt.Errorf("the sandbox init is not in the network namespace prepared for it (%d, not %d)", ino, l.ino)
-	}
-	return nil
+	return err
 }
 
 // stop ends the thread if no init was started from it and, once the

@@ -1,11 +1,17 @@
 package sandbox
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
+	"github.com/corral-sandbox/corral/internal/linux/netns"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
@@ -85,4 +91,31 @@ func TestNoEarlyLauncher(t *testing.T) {
 		t.Fatal("a launcher started rootless")
 	}
 	(*Launcher)(nil).Stop()
+}
+
+// The process the launcher starts is in the namespace it prepared, from
+// its first instruction: the clone leaves out CLONE_NEWNET.
+func TestLauncherStartsIntoItsNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CORRAL_NO_SKIP") != "" {
+			t.Fatal("needs root (a network namespace); CORRAL_NO_SKIP is set")
+		}
+		t.Skip("needs root (a network namespace)")
+	}
+	l := startLauncher(true, nil, nil)
+	defer l.stop()
+	cmd := exec.Command("/bin/readlink", "/proc/self/ns/net")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	done := make(chan struct{})
+	if err := l.start(cmd, slog.Default(), done); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if want := fmt.Sprintf("net:[%d]", l.ino); strings.TrimSpace(out.String()) != want {
+		t.Fatalf("the started process is in %q, want %s", strings.TrimSpace(out.String()), want)
+	}
+	if host, err := netns.Of(os.Getpid()); err != nil || host == l.ino {
+		t.Fatalf("the prepared namespace %d is the test's own (%d, %v)", l.ino, host, err)
+	}
 }
