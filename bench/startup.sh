@@ -10,6 +10,7 @@
 #   RUNS=200 bench/startup.sh    # more runs
 #   CORRAL_BIN=/path/to/other/corral bench/startup.sh   # another build
 #   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
+#   AS_USER=nobody bench/startup.sh  # rootless: both run as that user (setpriv)
 #
 # Needs root (bwrap's --unshare-all and corral's cgroups), bubblewrap and
 # hyperfine (apt-get install bubblewrap hyperfine).
@@ -64,9 +65,19 @@ YAML
 	policy="--policy $work/offline.yaml"
 	;;
 esac
-run="$bin run --log-level error --state-dir $work/state --workdir $work/proj $policy"
+# Rootless, corral and bubblewrap both run as AS_USER, with their files
+# that user's.
+as=""
+if [ -n "${AS_USER:-}" ]; then
+	uid=$(id -u "$AS_USER") && gid=$(id -g "$AS_USER") || exit 2
+	mkdir -p "$work/home"
+	chown -R "$uid:$gid" "$work/proj" "$work/state" "$work/home"
+	chmod 755 "$work"
+	as="env HOME=$work/home setpriv --reuid=$uid --regid=$gid --clear-groups"
+fi
+run="$as $bin run --log-level error --state-dir $work/state --workdir $work/proj $policy"
 corral="$run -- true"
-bwrap="bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
+bwrap="$as bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
 
 hyperfine --style basic --warmup 10 --runs "$runs" --export-json "$work/result.json" \
 	-n corral "$corral" -n bwrap "$bwrap" >&2
