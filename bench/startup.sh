@@ -25,6 +25,12 @@ block | proxy | offline) ;;
 	exit 2
 	;;
 esac
+if [ -n "${AS_USER:-}" ]; then
+	uid=$(id -u "$AS_USER") && gid=$(id -g "$AS_USER") || {
+		echo "bench/startup.sh: AS_USER=$AS_USER: no such user" >&2
+		exit 2
+	}
+fi
 for tool in bwrap hyperfine jq; do
 	command -v "$tool" >/dev/null || { echo "bench/startup.sh: $tool is required (apt-get install bubblewrap hyperfine jq)" >&2; exit 2; }
 done
@@ -69,7 +75,6 @@ esac
 # that user's.
 as=""
 if [ -n "${AS_USER:-}" ]; then
-	uid=$(id -u "$AS_USER") && gid=$(id -g "$AS_USER") || exit 2
 	mkdir -p "$work/home"
 	chown -R "$uid:$gid" "$work/proj" "$work/state" "$work/home"
 	chmod 755 "$work"
