@@ -20,12 +20,7 @@ import (
 // what the plan asks for; otherwise the run gets a launcher of its own and
 // the early one ends, its listeners closed.
 func TestLauncherForPlan(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CORRAL_NO_SKIP") != "" {
-			t.Fatal("needs root (a network namespace and its capture); CORRAL_NO_SKIP is set")
-		}
-		t.Skip("needs root (a network namespace and its capture)")
-	}
+	requireRoot(t)
 	cfg := capture.DefaultConfig
 	capturePlan := &plan.Capture{DNSPort: cfg.DNSPort, TransparentPort: cfg.TransparentPort,
 		HTTPProxyPort: cfg.HTTPProxyPort, SOCKSPort: cfg.SOCKSPort}
@@ -96,12 +91,7 @@ func TestNoEarlyLauncher(t *testing.T) {
 // The process the launcher starts is in the namespace it prepared, from
 // its first instruction: the clone leaves out CLONE_NEWNET.
 func TestLauncherStartsIntoItsNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CORRAL_NO_SKIP") != "" {
-			t.Fatal("needs root (a network namespace); CORRAL_NO_SKIP is set")
-		}
-		t.Skip("needs root (a network namespace)")
-	}
+	requireRoot(t)
 	l := startLauncher(true, nil, nil)
 	defer l.stop()
 	cmd := exec.Command("/bin/readlink", "/proc/self/ns/net")
@@ -118,4 +108,18 @@ func TestLauncherStartsIntoItsNamespace(t *testing.T) {
 	if host, err := netns.Of(os.Getpid()); err != nil || host == l.ino {
 		t.Fatalf("the prepared namespace %d is the test's own (%d, %v)", l.ino, host, err)
 	}
+}
+
+// requireRoot skips a test that needs root (a network namespace and its
+// capture), unless CORRAL_NO_SKIP asks for every skip to count as a
+// failure (as CI does).
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CORRAL_NO_SKIP") != "" {
+		t.Fatal("needs root (a network namespace and its capture); CORRAL_NO_SKIP is set")
+	}
+	t.Skip("needs root (a network namespace and its capture)")
 }
