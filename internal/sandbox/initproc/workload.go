@@ -360,10 +360,42 @@ func awaitVerified(pid int, u plan.User) error {
 // and a seccomp filter. A workload that already exited is still a zombie
 // here (the init has not reaped it), so its status is readable; one its
 // filter killed shows seccomp mode 3 (dead), which only a filter sets.
+//
+// A workload quick enough to make a user namespace of its own (`unshare
+// --user`, allowed by a relaxed seccomp profile) before it is read holds
+// every capability in that namespace, and its status shows those. It can
+// only have made it by running, after its exec committed; the namespace
+// is its own, below the sandbox's, since entering any other takes
+// capabilities there; and what it holds in it gives it nothing over the
+// sandbox. Its capabilities are then not compared, while its ids (shown
+// as the init sees them), no_new_privs and seccomp still are. The
+// namespace is read before and after the status, and a status read while
+// it changed is read again.
 func verifyWorkload(pid int, u plan.User) error {
+	own, err := userNS("/proc/thread-self/ns/user")
+	if err != nil {
+		return err
+	}
+	nsPath := fmt.Sprintf("/proc/%d/ns/user", pid)
+	before, err := userNS(nsPath)
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		// An exec makes the process undumpable for a moment, and its
+		// namespaces unreadable to us with it.
+		return fmt.Errorf("%w: %w", errExecUncommitted, err)
+	}
+	if err != nil {
+		return err
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return fmt.Errorf("read the workload's status: %w", err)
+	}
+	after, err := userNS(nsPath)
+	if err != nil {
+		return err
+	}
+	if after != before {
+		return fmt.Errorf("%w: the workload made a user namespace while its status was read", errExecUncommitted)
 	}
 	uid, gid := strconv.Itoa(int(u.UID)), strconv.Itoa(int(u.GID))
 	none := []string{"0000000000000000"}
@@ -377,6 +409,11 @@ func verifyWorkload(pid int, u plan.User) error {
 		"CapAmb":     none,
 		"NoNewPrivs": {"1"},
 		"Seccomp":    {"2", "3"},
+	}
+	if before != own {
+		for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+			delete(want, k)
+		}
 	}
 	for line := range strings.Lines(string(b)) {
 		k, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), ":")
@@ -399,6 +436,15 @@ func verifyWorkload(pid int, u plan.User) error {
 		return fmt.Errorf("the workload's status lacks %v", slices.Sorted(maps.Keys(want)))
 	}
 	return nil
+}
+
+// userNS returns the inode of the user namespace at path (a /proc ns link).
+func userNS(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("the workload's user namespace: %w", err)
+	}
+	return st.Ino, nil
 }
 
 // statusField is the value of field k in a /proc status file.
