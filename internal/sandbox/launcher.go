@@ -1,14 +1,16 @@
 package sandbox
 
 import (
-	"fmt"
+	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
 
+	vns "github.com/vishvananda/netns"
+
 	"github.com/corral-sandbox/corral/internal/linux/capture"
-	"github.com/corral-sandbox/corral/internal/linux/netns"
+	"github.com/corral-sandbox/corral/internal/linux/netthread"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/trace"
@@ -17,7 +19,7 @@ import (
 // launcher is the OS thread the sandbox's init is cloned from. It stays
 // locked until the init has exited, because the init's parent-death signal
 // follows the thread that cloned it, not the process, and it is never the
-// process's main thread (netns.Go).
+// process's main thread (netthread.Go).
 //
 // As root it first makes the sandbox's network namespace on that thread
 // and brings up its loopback; a second thread joins the namespace and sets
@@ -33,10 +35,10 @@ type launcher struct {
 	prepares bool
 	capture  *capture.Config
 	// nsDone is closed once the namespace exists with loopback up, or
-	// has failed (nsErr); then ino is its inode.
+	// has failed (nsErr); then ns is a handle to it, which stop closes.
 	nsDone chan struct{}
 	nsErr  error
-	ino    uint64
+	ns     vns.NsHandle
 	// netDone is closed after nsDone, once the capture is set up or has
 	// failed (netErr); in proxy mode listeners are then its sockets,
 	// until the supervisor takes them.
@@ -110,13 +112,14 @@ func startLauncher(prepares bool, c *capture.Config, tr *trace.Tracer) *launcher
 	l := &launcher{
 		prepares: prepares,
 		capture:  c,
+		ns:       vns.None(),
 		nsDone:   make(chan struct{}),
 		netDone:  make(chan struct{}),
 		launch:   make(chan launchRequest),
 		quit:     make(chan struct{}),
 	}
 	tr = tr.Fork()
-	netns.Go(func() { l.run(tr) })
+	netthread.Go(func() { l.run(tr) })
 	return l
 }
 
@@ -150,33 +153,24 @@ func (l *launcher) run(tr *trace.Tracer) {
 // with loopback up, and has another thread join it to set up the capture.
 // Failures are the init's set-up steps of the same names.
 func (l *launcher) prepareNamespace(tr *trace.Tracer) {
-	var ns *os.File
 	step := "create network namespace"
-	l.ino, l.nsErr = netns.EnterNew()
-	if l.nsErr == nil && l.capture != nil {
-		ns, l.nsErr = netns.Open()
-	}
+	l.ns, l.nsErr = netthread.EnterNew()
 	if l.nsErr == nil {
-		step, l.nsErr = "bring up loopback", netns.LoopbackUp()
+		step, l.nsErr = "bring up loopback", netthread.LoopbackUp()
 	}
 	if l.nsErr != nil {
-		if ns != nil {
-			ns.Close()
-			ns = nil
-		}
 		l.nsErr = &initproc.StepError{Step: step, Code: ExitSetupFailed, Err: l.nsErr}
 		l.netErr = l.nsErr
 	}
 	tr.Step("network namespace, loopback (supervisor's init thread)")
 	close(l.nsDone)
-	if ns == nil {
+	if l.nsErr != nil || l.capture == nil {
 		close(l.netDone)
 		return
 	}
-	netns.Go(func() {
+	netthread.Go(func() {
 		defer close(l.netDone)
-		defer ns.Close()
-		err := netns.Join(ns, l.ino)
+		err := netthread.Join(l.ns)
 		if err == nil {
 			l.listeners, err = capture.Setup(*l.capture)
 		}
@@ -218,20 +212,17 @@ func (l *launcher) start(cmd *exec.Cmd, log *slog.Logger, done chan struct{}) er
 	}
 	// The clone left out CLONE_NEWNET: had the thread not been in the
 	// prepared namespace, the init would share another's.
-	ino, err := netns.Of(cmd.Process.Pid)
-	if err == nil && ino != l.ino {
-		err = fmt.Errorf("the sandbox init is not in the network namespace prepared for it (%d, not %d)", ino, l.ino)
-	}
-	if err != nil {
+	if !netthread.In(l.ns, cmd.Process.Pid) {
 		_ = cmd.Process.Kill()
 		<-done
+		return errors.New("the sandbox init is not in the network namespace prepared for it, or its namespace cannot be read")
 	}
-	return err
+	return nil
 }
 
 // stop ends the thread if no init was started from it and, once the
-// capture is done, closes listeners nobody took. It may be called more
-// than once.
+// capture is done, closes listeners nobody took and the namespace's
+// handle. It may be called more than once.
 func (l *launcher) stop() {
 	if l.stopped {
 		return
@@ -243,5 +234,8 @@ func (l *launcher) stop() {
 	<-l.netDone
 	if !l.taken && l.listeners != nil {
 		l.listeners.Close()
+	}
+	if l.ns.IsOpen() {
+		l.ns.Close()
 	}
 }

@@ -10,8 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-sandbox/corral/internal/linux/capture"
-	"github.com/corral-sandbox/corral/internal/linux/netns"
+	"github.com/corral-sandbox/corral/internal/linux/netthread"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/policy"
 )
@@ -102,11 +104,15 @@ func TestLauncherStartsIntoItsNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	if want := fmt.Sprintf("net:[%d]", l.ino); strings.TrimSpace(out.String()) != want {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(l.ns), &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("net:[%d]", st.Ino); strings.TrimSpace(out.String()) != want {
 		t.Fatalf("the started process is in %q, want %s", strings.TrimSpace(out.String()), want)
 	}
-	if host, err := netns.Of(os.Getpid()); err != nil || host == l.ino {
-		t.Fatalf("the prepared namespace %d is the test's own (%d, %v)", l.ino, host, err)
+	if netthread.In(l.ns, os.Getpid()) {
+		t.Fatal("the prepared namespace is the test's own")
 	}
 }
 

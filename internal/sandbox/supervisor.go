@@ -452,9 +452,6 @@ func exitCode(err error) int {
 	return ExitSetupFailed
 }
 
-// startInit starts the init from a goroutine locked to its OS thread for the
-// child's whole life: Pdeathsig fires when the thread that forked dies, and
-// an unlocked thread may be retired by the Go runtime at any time.
 // awaitExit returns once the child pid has exited, leaving it to be
 // reaped. It waits in Go's network poller on a pidfd, not in wait4: a
 // thread blocked in a system call keeps its scheduler slot (P), so the

@@ -4,8 +4,8 @@
 // the sandbox's own network namespace it makes every address local (routed
 // to lo), installs nftables rules that send DNS and TCP to corral's
 // listeners and drop the rest, and creates those listeners as sockets of
-// this namespace. As root the supervisor runs Setup on the thread it then
-// clones the sandbox's init from, moved into the new namespace; rootless,
+// this namespace. As root the supervisor runs Setup on a thread of its own
+// that joined the new namespace (internal/linux/netthread); rootless,
 // the init runs it (as root of its namespaces, before dropping privileges)
 // and hands the sockets over. The supervisor serves them from the host
 // namespaces.

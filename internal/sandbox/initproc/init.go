@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
-	"github.com/corral-sandbox/corral/internal/linux/netns"
+	"github.com/corral-sandbox/corral/internal/linux/netthread"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/trace"
 )
@@ -75,7 +75,7 @@ func InitMain() int {
 	// As root the supervisor made the network namespace, loopback and
 	// capture included, on the thread it cloned us from.
 	if slices.Contains(cfg.Plan.Namespaces, "net") && !cfg.NetworkReady {
-		if err := netns.LoopbackUp(); err != nil {
+		if err := netthread.LoopbackUp(); err != nil {
 			return fail(stepErr("bring up loopback", err))
 		}
 	}
