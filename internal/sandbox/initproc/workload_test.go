@@ -2,9 +2,12 @@ package initproc
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/plan"
 )
@@ -48,5 +51,53 @@ func TestVerifyWorkloadSeesUncommittedExec(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "Uid is") {
 		t.Errorf("the error does not name the field: %v", err)
+	}
+}
+
+// A workload that made a user namespace of its own holds every
+// capability there: the read-back does not count those against it, but
+// still holds it to no_new_privs and seccomp; one in the init's own
+// namespace is held to its capabilities too. Real processes stand in for
+// the workload: unshare(1) makes the namespace before it execs sleep.
+func TestVerifyWorkloadInItsOwnUserNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CORRAL_NO_SKIP") != "" {
+			t.Fatal("needs root (a user namespace for a process of uid 0); CORRAL_NO_SKIP is set")
+		}
+		t.Skip("needs root (a user namespace for a process of uid 0)")
+	}
+	for _, tc := range []struct {
+		name      string
+		argv      []string
+		want, not string
+	}{
+		// Without seccomp: what the read-back reports is the filter, not
+		// the namespace's capabilities.
+		{"own namespace", []string{"/usr/bin/setpriv", "--no-new-privs", "/usr/bin/unshare", "--user", "/bin/sleep", "30"}, "Seccomp is", "Cap"},
+		{"init's namespace", []string{"/usr/bin/setpriv", "--no-new-privs", "/bin/sleep", "30"}, "CapPrm is", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.argv[0], tc.argv[1:]...)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}()
+			comm := fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if b, _ := os.ReadFile(comm); strings.TrimSpace(string(b)) == "sleep" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the stand-in never exec'd sleep")
+				}
+			}
+			err := verifyWorkload(cmd.Process.Pid, plan.User{UID: 0, GID: 0})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || (tc.not != "" && strings.Contains(err.Error(), tc.not)) {
+				t.Fatalf("got %v, want an error naming %q and not %q", err, tc.want, tc.not)
+			}
+		})
 	}
 }
