@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
@@ -128,4 +129,34 @@ func requireRoot(t *testing.T) {
 		t.Fatal("needs root (a network namespace and its capture); CORRAL_NO_SKIP is set")
 	}
 	t.Skip("needs root (a network namespace and its capture)")
+}
+
+// An init that is not in the namespace the launcher prepared is killed
+// and the start fails: here the launcher is told its namespace is the
+// test's own, which the init, cloned from the launcher's thread, is not in.
+func TestLauncherRefusesAnInitElsewhere(t *testing.T) {
+	requireRoot(t)
+	l := startLauncher(true, nil, nil)
+	defer l.stop()
+	<-l.nsDone
+	if l.nsErr != nil {
+		t.Fatal(l.nsErr)
+	}
+	host, err := vns.GetFromPid(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.ns.Close()
+	l.ns = host
+	cmd := exec.Command("/bin/sleep", "30")
+	done := make(chan struct{})
+	err = l.start(cmd, slog.Default(), done)
+	if err == nil || !strings.Contains(err.Error(), "not in the network namespace prepared for it") {
+		t.Fatalf("got %v, want the start refused", err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatal("the init was left running")
+	}
 }
