@@ -5,20 +5,24 @@
 // the HTTP stack into every sandbox's first exec.
 package plan
 
+//go:generate go tool msgp -file plan.go -o plan_msgp.go -tests=false -io=false -d "tag json"
+
 import (
 	"fmt"
 
 	"github.com/corral-sandbox/corral/internal/linux/idmap"
 )
 
-// Plan is everything the in-sandbox init needs, and everything explain shows.
-// It travels to the init as JSON, so field names are part of the protocol
-// between a supervisor and the init it re-executes (always the same binary).
 // HostnameAddr is the sandbox's own hostname's address, in its /etc/hosts
 // and from its resolver: loopback inside the sandbox, as Debian names its
 // host 127.0.1.1.
 const HostnameAddr = "127.0.1.1"
 
+// Plan is everything the in-sandbox init needs, and everything explain shows.
+// It travels to the init as MessagePack, encoded and decoded by the code
+// go generate writes into plan_msgp.go from the json field names (no
+// reflection, so the init's start does not pay for building decoders); both
+// ends are always the same corral build.
 type Plan struct {
 	Caged    bool   `json:"caged"`
 	Workdir  string `json:"workdir"`

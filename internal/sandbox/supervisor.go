@@ -5,9 +5,7 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -698,14 +696,13 @@ func socketPair() (*os.File, *os.File, error) {
 
 func readMessages(f *os.File, out chan<- initproc.Message) {
 	defer close(out)
-	sc := bufio.NewScanner(f)
-	// One message per read on this SEQPACKET socket: the free room must
-	// hold the longest (an error's text), or its end is lost.
-	sc.Buffer(make([]byte, 0, 16<<10), 1<<20)
-	for sc.Scan() {
-		var m initproc.Message
-		if json.Unmarshal(sc.Bytes(), &m) == nil {
+	for {
+		m, err := initproc.Recv(f)
+		switch {
+		case err == nil:
 			out <- m
+		case !errors.Is(err, initproc.ErrUndecodable):
+			return
 		}
 	}
 }

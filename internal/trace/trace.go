@@ -9,6 +9,8 @@
 // cost a nil check when nobody asked.
 package trace
 
+//go:generate go tool msgp -file trace.go -o trace_msgp.go -tests=false -io=false -d "tag json" -d "ignore Tracer"
+
 import (
 	"fmt"
 	"io"

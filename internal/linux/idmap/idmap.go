@@ -7,6 +7,8 @@
 // workdir as its owner without anything on disk changing.
 package idmap
 
+//go:generate go tool msgp -file idmap.go -o idmap_msgp.go -tests=false -io=false -d "tag json"
+
 import (
 	"bufio"
 	"bytes"

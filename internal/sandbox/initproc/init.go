@@ -1,7 +1,6 @@
 package initproc
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -34,18 +33,7 @@ func InitMain() int {
 	// process's main thread before calling us, for the init's life.
 	sup := os.NewFile(3, "supervisor")
 	unix.CloseOnExec(3)
-	// One SEQPACKET read returns one whole message; a smaller buffer
-	// would silently truncate it, so its size is asked first (a peek with
-	// MSG_TRUNC returns it): a buffer for the largest config allowed
-	// would cost every start its page faults.
-	var msg Message
-	n, _, err := unix.Recvfrom(3, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
-	if err == nil {
-		buf := make([]byte, n)
-		if n, err = sup.Read(buf); err == nil {
-			err = json.Unmarshal(buf[:n], &msg)
-		}
-	}
+	msg, err := Recv(sup)
 	if err != nil || msg.Config == nil {
 		fmt.Fprintf(os.Stderr, "corral init: read config: %v\n", err)
 		return 125

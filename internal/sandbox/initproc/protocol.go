@@ -5,8 +5,10 @@
 // and its exec) and reaps.
 package initproc
 
+//go:generate go tool msgp -file protocol.go -o protocol_msgp.go -tests=false -io=false -d "tag json" -d "ignore StepError"
+
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -69,7 +71,8 @@ type Config struct {
 	Trace *trace.Clock `json:"trace,omitempty"`
 }
 
-// Message is one line of the sync protocol.
+// Message is one message of the sync protocol: one SEQPACKET datagram
+// holding it in MessagePack (protocol_msgp.go).
 type Message struct {
 	Type   string  `json:"type"`
 	Config *Config `json:"config,omitempty"`
@@ -86,12 +89,59 @@ type Message struct {
 
 // Send writes one message.
 func Send(w io.Writer, m Message) error {
-	b, err := json.Marshal(m)
+	b, err := m.MarshalMsg(nil)
 	if err != nil {
 		return fmt.Errorf("encode %s message: %w", m.Type, err)
 	}
-	_, err = w.Write(append(b, '\n'))
+	_, err = w.Write(b)
 	return err
+}
+
+// ErrUndecodable marks a message that arrived whole but did not decode.
+var ErrUndecodable = errors.New("undecodable message")
+
+// decode reads the one message b holds.
+func decode(b []byte) (Message, error) {
+	var m Message
+	rest, err := m.UnmarshalMsg(b)
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("%d bytes after the %s message", len(rest), m.Type)
+	}
+	if err != nil {
+		return Message{}, fmt.Errorf("%w: %w", ErrUndecodable, err)
+	}
+	return m, nil
+}
+
+// Recv reads one message of any size: the datagram's length is asked
+// first (a peek with MSG_TRUNC returns it), since a read into a smaller
+// buffer would silently cut it, and a buffer for the largest message
+// allowed would cost every read its page faults. Descriptors sent with it
+// are dropped; RecvFDs takes them. The end of the peer is io.EOF.
+func Recv(sock *os.File) (Message, error) {
+	raw, err := sock.SyscallConn()
+	if err != nil {
+		return Message{}, err
+	}
+	var n int
+	var perr error
+	if err := raw.Read(func(fd uintptr) bool {
+		n, _, perr = unix.Recvfrom(int(fd), nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		return perr != unix.EAGAIN && perr != unix.EINTR
+	}); err != nil {
+		return Message{}, err
+	}
+	if perr != nil {
+		return Message{}, perr
+	}
+	if n == 0 {
+		return Message{}, io.EOF
+	}
+	buf := make([]byte, n)
+	if n, err = sock.Read(buf); err != nil {
+		return Message{}, err
+	}
+	return decode(buf[:n])
 }
 
 // maxFDs bounds the descriptors one message may carry.
@@ -100,11 +150,11 @@ const maxFDs = 16
 // SendFDs writes one message carrying file descriptors. The socket must be
 // SOCK_SEQPACKET so the descriptors stay attached to this message.
 func SendFDs(sock *os.File, m Message, fds ...int) error {
-	b, err := json.Marshal(m)
+	b, err := m.MarshalMsg(nil)
 	if err != nil {
 		return fmt.Errorf("encode %s message: %w", m.Type, err)
 	}
-	return unix.Sendmsg(int(sock.Fd()), append(b, '\n'), unix.UnixRights(fds...), nil, 0)
+	return unix.Sendmsg(int(sock.Fd()), b, unix.UnixRights(fds...), nil, 0)
 }
 
 // RecvFDs reads one message and the descriptors it carries, if any.
@@ -132,11 +182,12 @@ func RecvFDs(sock *os.File) (Message, []*os.File, error) {
 			files = append(files, os.NewFile(uintptr(fd), "received"))
 		}
 	}
-	if err := json.Unmarshal(buf[:n], &m); err != nil {
+	m, err = decode(buf[:n])
+	if err != nil {
 		for _, f := range files {
 			f.Close()
 		}
-		return m, nil, fmt.Errorf("decode message: %w", err)
+		return m, nil, err
 	}
 	return m, files, nil
 }
