@@ -59,7 +59,7 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 	go func() {
 		err := writeFile(filepath.Join(dir, assemble.JavaTrustStoreFile), func(w io.Writer) error {
 			bw := bufio.NewWriterSize(w, 32<<10)
-			if err := s.Egress.JavaTrustStore(bw); err != nil {
+			if err := s.Egress.JavaTrustStore(bw, statedir.JavaRoots(s.StateDir)); err != nil {
 				return err
 			}
 			return bw.Flush()

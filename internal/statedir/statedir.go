@@ -41,6 +41,10 @@ func Bin(state string) string { return filepath.Join(state, "bin") }
 // IDMapProbes remembers the mounts found to take idmapped bind mounts.
 func IDMapProbes(state string) string { return filepath.Join(state, "idmap-probes") }
 
+// JavaRoots keeps the host's CA roots as Java trust stores, so that a
+// sandbox's store is not decoded from PEM on every start.
+func JavaRoots(state string) string { return filepath.Join(state, "java-roots") }
+
 // AuditLog is the default audit log.
 func AuditLog(state string) string { return filepath.Join(state, "audit.log") }
 

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -199,10 +200,16 @@ func (e *Egress) BrowserPolicy() []byte {
 const JavaTrustStoreFile = "truststore.jks"
 
 // JavaTrustStore writes the bundle to w as a JKS trust store (Java reads
-// no PEM). Encoding a distribution's roots takes a millisecond or two, so
-// callers run it beside the rest of the sandbox's set-up.
-func (e *Egress) JavaTrustStore(w io.Writer) error {
-	if err := ca.TrustStore(w, plan.TrustStorePassword, e.ca.Bundle(e.system)...); err != nil {
+// no PEM), starting from the store of the host's roots kept in keepDir
+// (ca.TrustStore). Even so it takes a millisecond, so callers run it beside
+// the rest of the sandbox's set-up.
+func (e *Egress) JavaTrustStore(w io.Writer, keepDir string) error {
+	err := ca.TrustStore(w, plan.TrustStorePassword, keepDir, e.system, e.ca.CertPEM())
+	if errors.Is(err, ca.ErrNotKept) {
+		e.cfg.Log.Warn("Java trust store: the next sandbox will decode the host's CA bundle again", "err", err)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("sandbox trust store: %w", err)
 	}
 	return nil

@@ -77,7 +77,7 @@ func TestTrustFiles(t *testing.T) {
 		t.Errorf("ca.pem is not a certificate contained in ca-bundle.pem")
 	}
 	var store bytes.Buffer
-	if err := e.JavaTrustStore(&store); err != nil || store.Len() == 0 {
+	if err := e.JavaTrustStore(&store, t.TempDir()); err != nil || store.Len() == 0 {
 		t.Errorf("no Java trust store (%v)", err)
 	}
 	// The browsers' managed policy names the same CA, as base64 DER.

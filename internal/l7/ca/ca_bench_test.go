@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"io"
 	"strconv"
 	"testing"
 )
@@ -36,4 +37,35 @@ func BenchmarkLeafMint(b *testing.B) {
 		}
 		i++
 	}
+}
+
+// BenchmarkTrustStore is the Java trust store of every proxy-mode start
+// with this host's roots: "made" decodes them (a first start, or new
+// roots), "kept" starts from the store an earlier start kept.
+func BenchmarkTrustStore(b *testing.B) {
+	_, roots, err := SystemBundle()
+	if err != nil || len(roots) == 0 {
+		b.Skipf("no system CA bundle (%v)", err)
+	}
+	own := pemOf(b, "own")
+	b.Run("made", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := TrustStore(io.Discard, "changeit", b.TempDir(), roots, own); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("kept", func(b *testing.B) {
+		dir := b.TempDir()
+		if err := TrustStore(io.Discard, "changeit", dir, roots, own); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := TrustStore(io.Discard, "changeit", dir, roots, own); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

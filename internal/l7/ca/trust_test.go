@@ -2,10 +2,15 @@ package ca
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +19,7 @@ import (
 )
 
 // pemOf returns the certificate of a fresh CA named id, in PEM.
-func pemOf(t *testing.T, id string) []byte {
+func pemOf(t testing.TB, id string) []byte {
 	t.Helper()
 	c, err := New(id, time.Hour, 0)
 	if err != nil {
@@ -78,18 +83,11 @@ func TestHostTrust(t *testing.T) {
 	}
 }
 
-func TestTrustStore(t *testing.T) {
-	one, two := pemOf(t, "one"), pemOf(t, "two")
-	var store, again bytes.Buffer
-	if err := TrustStore(&store, "changeit", one, two); err != nil {
-		t.Fatal(err)
-	}
-	// One bundle, however it is cut into parts, gives one store.
-	if err := TrustStore(&again, "changeit", append(bytes.Clone(one), two...)); err != nil || !bytes.Equal(again.Bytes(), store.Bytes()) {
-		t.Errorf("one bundle gave two stores (err %v)", err)
-	}
+// storeNames lists each entry of a JKS store as "alias subject-CN".
+func storeNames(t *testing.T, store []byte) []string {
+	t.Helper()
 	ks := keystore.New()
-	if err := ks.Load(bytes.NewReader(store.Bytes()), []byte("changeit")); err != nil {
+	if err := ks.Load(bytes.NewReader(store), []byte("changeit")); err != nil {
 		t.Fatal(err)
 	}
 	var names []string
@@ -105,11 +103,132 @@ func TestTrustStore(t *testing.T) {
 		names = append(names, alias+" "+c.Subject.CommonName)
 	}
 	slices.Sort(names)
-	if want := []string{"corral-0 corral sandbox one", "corral-1 corral sandbox two"}; !slices.Equal(names, want) {
-		t.Errorf("trust store holds %q, want %q", names, want)
+	return names
+}
+
+func TestTrustStore(t *testing.T) {
+	one, two, own := pemOf(t, "one"), pemOf(t, "two"), pemOf(t, "own")
+	roots := append(bytes.Clone(one), two...)
+	dir := filepath.Join(t.TempDir(), "kept")
+	var first bytes.Buffer
+	if err := TrustStore(&first, "changeit", dir, roots, own); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"corral-0 corral sandbox one", "corral-1 corral sandbox two", "corral-2 corral sandbox own"}
+	if got := storeNames(t, first.Bytes()); !slices.Equal(got, want) {
+		t.Errorf("trust store holds %q, want %q", got, want)
+	}
+	// Byte for byte what keystore-go writes for the same certificates.
+	lib := keystore.New(keystore.WithOrderedAliases())
+	var libStore bytes.Buffer
+	if err := addCertificates(lib, roots, own); err != nil {
+		t.Fatal(err)
+	}
+	if err := store(lib, &libStore, "changeit"); err != nil || !bytes.Equal(libStore.Bytes(), first.Bytes()) {
+		t.Errorf("the store differs from keystore-go's (err %v)", err)
 	}
 	// Java checks the store's digest with the password it is given.
-	if err := keystore.New().Load(bytes.NewReader(store.Bytes()), []byte("another")); err == nil {
+	if err := keystore.New().Load(bytes.NewReader(first.Bytes()), []byte("another")); err == nil {
 		t.Error("the store loads with the wrong password: it carries no digest")
+	}
+
+	// The roots' store was kept, and the next store starts from it: one
+	// standing in for it shows in what is written.
+	sum := sha256.Sum256(roots)
+	kept := filepath.Join(dir, hex.EncodeToString(sum[:])+".jks")
+	var stand bytes.Buffer
+	if err := TrustStore(&stand, "changeit", t.TempDir(), pemOf(t, "stand-in")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kept, stand.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var again bytes.Buffer
+	if err := TrustStore(&again, "changeit", dir, roots, own); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := storeNames(t, again.Bytes()), []string{"corral-0 corral sandbox stand-in", "corral-1 corral sandbox own"}; !slices.Equal(got, want) {
+		t.Errorf("from the kept store: %q, want %q", got, want)
+	}
+
+	// A kept store cut short is made again, and kept again whole.
+	if err := os.WriteFile(kept, stand.Bytes()[:stand.Len()/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again.Reset()
+	if err := TrustStore(&again, "changeit", dir, roots, own); err != nil || !bytes.Equal(again.Bytes(), first.Bytes()) {
+		t.Errorf("with the kept store cut short: err %v, same store %v", err, bytes.Equal(again.Bytes(), first.Bytes()))
+	}
+	again.Reset()
+	if err := TrustStore(&again, "changeit", dir, roots, own); err != nil || !bytes.Equal(again.Bytes(), first.Bytes()) {
+		t.Errorf("after the store was made again: err %v, same store %v", err, bytes.Equal(again.Bytes(), first.Bytes()))
+	}
+
+	// So is one changed within.
+	changed := bytes.Clone(stand.Bytes())
+	changed[len(changed)/2] ^= 0xff
+	if err := os.WriteFile(kept, changed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again.Reset()
+	if err := TrustStore(&again, "changeit", dir, roots, own); err != nil || !bytes.Equal(again.Bytes(), first.Bytes()) {
+		t.Errorf("with the kept store changed: err %v, same store %v", err, bytes.Equal(again.Bytes(), first.Bytes()))
+	}
+
+	// Where nothing can be kept, the store is still written.
+	blocked := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(blocked, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again.Reset()
+	if err := TrustStore(&again, "changeit", blocked, roots, own); !errors.Is(err, ErrNotKept) || !bytes.Equal(again.Bytes(), first.Bytes()) {
+		t.Errorf("where nothing can be kept: err %v (want ErrNotKept), same store %v", err, bytes.Equal(again.Bytes(), first.Bytes()))
+	}
+}
+
+// A store from a kept one of many roots loads in Java's way (keystore-go
+// checks the digest) with every certificate, own's last.
+func TestTrustStoreOfManyRoots(t *testing.T) {
+	var roots []byte
+	for i := range 12 {
+		roots = append(roots, pemOf(t, "root-"+strconv.Itoa(i))...)
+	}
+	own := pemOf(t, "own")
+	dir := t.TempDir()
+	for range 2 { // made, then from the kept store
+		var out bytes.Buffer
+		if err := TrustStore(&out, "changeit", dir, roots, own); err != nil {
+			t.Fatal(err)
+		}
+		names := storeNames(t, out.Bytes())
+		if len(names) != 13 || !slices.Contains(names, "corral-12 corral sandbox own") || !slices.Contains(names, "corral-11 corral sandbox root-11") {
+			t.Fatalf("store holds %q", names)
+		}
+	}
+}
+
+// Each set of roots has a store of its own, up to keptStores of them, the
+// newest kept.
+func TestTrustStoreKeepsTheNewest(t *testing.T) {
+	dir := t.TempDir()
+	var last []byte
+	for i := range keptStores + 3 {
+		last = pemOf(t, "roots-"+strconv.Itoa(i))
+		if err := TrustStore(io.Discard, "changeit", dir, last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(last)
+	newest := hex.EncodeToString(sum[:]) + ".jks"
+	found := false
+	for _, e := range entries {
+		found = found || e.Name() == newest
+	}
+	if len(entries) != keptStores || !found {
+		t.Errorf("%d stores kept (want %d), the newest among them: %v", len(entries), keptStores, found)
 	}
 }
