@@ -12,6 +12,12 @@
 #   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
 #   AS_USER=nobody bench/startup.sh  # rootless: both run as that user (setpriv)
 #
+# It also times the sandbox's init program alone, exec to exit doing
+# nothing (it finds no supervisor and exits 125): the start of one Go
+# program on this machine. corral pays two, its own and the init's, which
+# puts a floor under its ratio to bubblewrap that no work inside corral
+# removes.
+#
 # Needs root (bwrap's --unshare-all and corral's cgroups), bubblewrap and
 # hyperfine (apt-get install bubblewrap hyperfine).
 set -euo pipefail
@@ -83,16 +89,20 @@ fi
 run="$as $bin run --log-level error --state-dir $work/state --workdir $work/proj $policy"
 corral="$run -- true"
 bwrap="$as bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
+# The first run writes the init program into the state directory.
+$corral
+init=$(ls "$work"/state/bin/corral-init-*)
 
-hyperfine --style basic --warmup 10 --runs "$runs" --export-json "$work/result.json" \
-	-n corral "$corral" -n bwrap "$bwrap" >&2
+hyperfine --style basic --warmup 10 --runs "$runs" --ignore-failure --export-json "$work/result.json" \
+	-n corral "$corral" -n bwrap "$bwrap" -n init-alone "$as $init" >&2
 
 jq -r '
   (.results | map({(.command): .}) | add) as $r
   | "corral mean \($r.corral.mean * 1000 | . * 100 | round / 100) ms (median \($r.corral.median * 1000 | . * 100 | round / 100) ms)",
     "bwrap  mean \($r.bwrap.mean * 1000 | . * 100 | round / 100) ms (median \($r.bwrap.median * 1000 | . * 100 | round / 100) ms)",
     "ratio corral/bwrap (mean): \($r.corral.mean / $r.bwrap.mean | . * 100 | round / 100)x",
-    "ratio corral/bwrap (median): \($r.corral.median / $r.bwrap.median | . * 100 | round / 100)x"
+    "ratio corral/bwrap (median): \($r.corral.median / $r.bwrap.median | . * 100 | round / 100)x",
+    "init alone, one Go program started and ended: mean \($r["init-alone"].mean * 1000 | . * 100 | round / 100) ms (median \($r["init-alone"].median * 1000 | . * 100 | round / 100) ms); corral starts two"
 ' "$work/result.json"
 
 if [ "${TRACE:-0}" -gt 0 ]; then
