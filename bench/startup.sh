@@ -9,6 +9,9 @@
 #   MODE=offline bench/startup.sh # network.mode: block (loopback only, no capture)
 #   RUNS=200 bench/startup.sh    # more runs
 #   CORRAL_BIN=/path/to/other/corral bench/startup.sh   # another build
+#   CORRAL_BASE=/path/to/old/corral bench/startup.sh  # and a second, in the same runs
+#   ROUNDS=5 bench/startup.sh    # RUNS split into 5 rounds that take turns, so
+#                                # a slow spell of a noisy machine hits every command
 #   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
 #   AS_USER=nobody bench/startup.sh  # rootless: both run as that user (setpriv)
 #
@@ -92,18 +95,39 @@ bwrap="$as bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tm
 # The first run writes the init program into the state directory.
 $corral
 init=$(ls "$work"/state/bin/corral-init-*)
+commands=(-n corral "$corral" -n bwrap "$bwrap" -n init-alone "$as $init")
+if [ -n "${CORRAL_BASE:-}" ]; then
+	mkdir -p "$work/base-state"
+	[ -z "$as" ] || chown "$uid:$gid" "$work/base-state"
+	base="$as $CORRAL_BASE run --log-level error --state-dir $work/base-state --workdir $work/proj $policy -- true"
+	$base
+	commands+=(-n base "$base")
+fi
 
-hyperfine --style basic --warmup 10 --runs "$runs" --ignore-failure --export-json "$work/result.json" \
-	-n corral "$corral" -n bwrap "$bwrap" -n init-alone "$as $init" >&2
+rounds=${ROUNDS:-1}
+per_round=$(((runs + rounds - 1) / rounds))
+for round in $(seq "$rounds"); do
+	hyperfine --style basic --warmup $((round == 1 ? 10 : 3)) --runs "$per_round" --ignore-failure \
+		--export-json "$work/result-$round.json" "${commands[@]}" >&2
+done
 
-jq -r '
-  (.results | map({(.command): .}) | add) as $r
-  | "corral mean \($r.corral.mean * 1000 | . * 100 | round / 100) ms (median \($r.corral.median * 1000 | . * 100 | round / 100) ms)",
-    "bwrap  mean \($r.bwrap.mean * 1000 | . * 100 | round / 100) ms (median \($r.bwrap.median * 1000 | . * 100 | round / 100) ms)",
+# Every run of every round, by command: mean and median in ms.
+jq -rs '
+  def ms: . * 1000 | . * 100 | round / 100;
+  def median: sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+  [.[].results[]] | group_by(.command) | map({(.[0].command): ([.[].times[]] | {mean: (add / length), median: median, n: length})}) | add as $r
+  | "corral mean \($r.corral.mean | ms) ms (median \($r.corral.median | ms) ms)",
+    "bwrap  mean \($r.bwrap.mean | ms) ms (median \($r.bwrap.median | ms) ms)",
     "ratio corral/bwrap (mean): \($r.corral.mean / $r.bwrap.mean | . * 100 | round / 100)x",
     "ratio corral/bwrap (median): \($r.corral.median / $r.bwrap.median | . * 100 | round / 100)x",
-    "init alone, one Go program started and ended: mean \($r["init-alone"].mean * 1000 | . * 100 | round / 100) ms (median \($r["init-alone"].median * 1000 | . * 100 | round / 100) ms); corral starts two"
-' "$work/result.json"
+    (if $r.base then
+      "base   mean \($r.base.mean | ms) ms (median \($r.base.median | ms) ms)",
+      "ratio base/bwrap (median): \($r.base.median / $r.bwrap.median | . * 100 | round / 100)x",
+      "corral - base (median): \($r.corral.median - $r.base.median | ms) ms"
+    else empty end),
+    "init alone, one Go program started and ended: mean \($r["init-alone"].mean | ms) ms (median \($r["init-alone"].median | ms) ms); corral starts two",
+    "runs per command: \($r.corral.n) in \('"$rounds"') round(s)"
+' "$work"/result-*.json
 
 if [ "${TRACE:-0}" -gt 0 ]; then
 	# Where the time goes: each step's median over TRACE more runs, when
