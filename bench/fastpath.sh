@@ -40,6 +40,7 @@ printf '%-44s %-12s %s\n' "fast path, median of $count run(s)" measured target
 printf '%-44s %-12s %s\n' \
 	"connection set-up added p50 (µs)" "$(metric BenchmarkConnectionSetup added_p50_µs)" "≤ 300" \
 	"connection set-up added p99 (µs)" "$(metric BenchmarkConnectionSetup added_p99_µs)" "≤ 2000" \
+	"  of which connect() itself, p50 (µs)" "$(metric BenchmarkConnectionSetup connect_added_p50_µs)" "(the connect noted)" \
 	"decision p99, 1000 endpoints, go (µs)" "$(metric BenchmarkDecide1000/go p99-µs)" "≤ 20" \
 	"decision p99, 1000 endpoints, rego (µs)" "$(metric BenchmarkDecide1000/rego p99-µs)" "(reference)" \
 	"inspected HTTPS / direct req/s, repeated" "$(metric BenchmarkInspectedRequests/repeated ratio)" "≥ 0.5" \
