@@ -92,16 +92,18 @@ fi
 run="$as $bin run --log-level error --state-dir $work/state --workdir $work/proj $policy"
 corral="$run -- true"
 bwrap="$as bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true"
-# The first run writes the init program into the state directory.
+# The first run writes the init program it runs (corral-init as root,
+# corral-netinit rootless) into the state directory.
 $corral
-init=$(ls "$work"/state/bin/corral-init-*)
+init=$(ls "$work"/state/bin/corral-*init-*)
 commands=(-n corral "$corral" -n bwrap "$bwrap" -n init-alone "$as $init")
 if [ -n "${CORRAL_BASE:-}" ]; then
 	mkdir -p "$work/base-state"
 	[ -z "$as" ] || chown "$uid:$gid" "$work/base-state"
 	base="$as $CORRAL_BASE run --log-level error --state-dir $work/base-state --workdir $work/proj $policy -- true"
 	$base
-	commands+=(-n base "$base")
+	base_init=$(ls "$work"/base-state/bin/corral-*init-*)
+	commands+=(-n base "$base" -n base-init-alone "$as $base_init")
 fi
 
 rounds=${ROUNDS:-1}
@@ -123,7 +125,8 @@ jq -rs '
     (if $r.base then
       "base   mean \($r.base.mean | ms) ms (median \($r.base.median | ms) ms)",
       "ratio base/bwrap (median): \($r.base.median / $r.bwrap.median | . * 100 | round / 100)x",
-      "corral - base (median): \($r.corral.median - $r.base.median | ms) ms"
+      "corral - base (median): \($r.corral.median - $r.base.median | ms) ms",
+      "base init alone: mean \($r["base-init-alone"].mean | ms) ms (median \($r["base-init-alone"].median | ms) ms)"
     else empty end),
     "init alone, one Go program started and ended: mean \($r["init-alone"].mean | ms) ms (median \($r["init-alone"].median | ms) ms); corral starts two",
     "runs per command: \($r.corral.n) in \('"$rounds"') round(s)"

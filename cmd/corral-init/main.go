@@ -1,7 +1,9 @@
 // Command corral-init is the sandbox's init as a program of its own. corral
 // carries it inside its binary (internal/sandbox/initbin), so each sandbox
 // starts a program that links only what the init needs instead of all of
-// corral; it is not meant to be installed or run by hand.
+// corral; it is not meant to be installed or run by hand. It is the init of
+// sandboxes whose network the supervisor makes (as root); cmd/corral-netinit
+// is the one that makes the network itself.
 package main
 
 import (
@@ -16,5 +18,5 @@ import (
 func init() { runtime.LockOSThread() }
 
 func main() {
-	os.Exit(initproc.InitMain())
+	os.Exit(initproc.InitMain(nil))
 }

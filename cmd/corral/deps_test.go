@@ -18,7 +18,7 @@ var neither = []string{
 }
 
 func TestLeanLinksNoOPAOrGatewayClient(t *testing.T) {
-	linkcheck.NotLinked(t, "", append([]string{
+	linkcheck.NotLinked(t, ".", "", append([]string{
 		"github.com/open-policy-agent/opa/v1/ast",
 		"github.com/open-policy-agent/opa/v1/topdown",
 		"github.com/corral-sandbox/corral/internal/egress/decide/rego",
@@ -33,7 +33,7 @@ func TestLeanLinksNoOPAOrGatewayClient(t *testing.T) {
 // The full program (internal/fullbin) takes OPA in through its evaluator
 // alone: the rego package around it adds packages to initialise.
 func TestFullLinksNoRegoWrapper(t *testing.T) {
-	linkcheck.NotLinked(t, "corral_full", append([]string{
+	linkcheck.NotLinked(t, ".", "corral_full", append([]string{
 		"github.com/open-policy-agent/opa/v1/rego",
 		"github.com/open-policy-agent/opa/v1/bundle",
 		// The v0 compatibility layer over OPA v1: the same code, more packages.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/cli"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
+	"github.com/corral-sandbox/corral/internal/sandbox/initproc/netsetup"
 )
 
 // init keeps the sandbox's init on the process's main thread, the one its
@@ -23,7 +24,7 @@ func main() {
 	// The sandbox's init is a re-exec of this binary and must start before
 	// the CLI does anything.
 	if len(os.Args) > 1 && os.Args[1] == initproc.InitArg {
-		os.Exit(initproc.InitMain())
+		os.Exit(initproc.InitMain(netsetup.Network))
 	}
 	// Signals are not turned into cancellation here: `corral run` forwards
 	// them to the workload, which decides how to end.

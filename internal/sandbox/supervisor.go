@@ -199,7 +199,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	}
 	defer sup.Close()
 
-	initProg, err := initbin.Path(s.StateDir)
+	initProg, err := initbin.Path(s.StateDir, initproc.MakesNetwork(s.Plan, ln.prepares))
 	if err != nil {
 		return ExitSetupFailed, fmt.Errorf("sandbox init program: %w", err)
 	}

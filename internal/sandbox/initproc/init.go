@@ -1,6 +1,7 @@
 package initproc
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,8 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-sandbox/corral/internal/linux/capture"
-	"github.com/corral-sandbox/corral/internal/linux/netthread"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/trace"
 )
@@ -20,11 +19,35 @@ import (
 // group; SIGWINCH reaches it from the terminal itself.
 var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
 
+// Network makes the sandbox's network from inside it, where the supervisor
+// cannot (rootless, the namespace belongs to the sandbox's user namespace,
+// which only the init's clone makes): loopback up and, in proxy mode, the
+// capture, whose listeners it hands to the supervisor. Package
+// initproc/netsetup has it. The init program run as root leaves it out,
+// and with it the nftables and netlink code that every start of it would
+// otherwise pay to load.
+type Network struct {
+	LoopbackUp func() error
+	Capture    func(sup *os.File, c *plan.Capture) error
+}
+
+// MakesNetwork tells whether the init of a sandbox with plan p makes its
+// network itself: it has a network namespace, or a capture, that the
+// supervisor did not make ready.
+func MakesNetwork(p *plan.Plan, networkReady bool) bool {
+	return !networkReady && (slices.Contains(p.Namespaces, "net") || p.Network.Capture != nil)
+}
+
+// errNoNetwork refuses a sandbox whose network the init would have to
+// make, in an init program built without the means to.
+var errNoNetwork = errors.New("this init program leaves out the network set-up, which the supervisor makes itself as root, yet this sandbox needs the init to make its network")
+
 // InitMain is PID 1 of the sandbox. Its order is fixed: read the config,
 // build the root, name the host, bring up loopback, confine itself and
 // start the workload, then reap until the workload exits. It returns the
-// process exit code.
-func InitMain() int {
+// process exit code. network is nil in an init program that never makes
+// the sandbox's network.
+func InitMain(network *Network) int {
 	entered := trace.Now()
 	// Landlock puts each thread that restricts itself in a domain of its
 	// own, and a domain may signal only itself and the domains below it.
@@ -47,6 +70,10 @@ func InitMain() int {
 		_ = Send(sup, Message{Type: MsgError, Step: e.Step, Error: e.Err.Error(), Code: e.Code})
 		return e.Code
 	}
+	makesNetwork := MakesNetwork(&cfg.Plan, cfg.NetworkReady)
+	if makesNetwork && network == nil {
+		return fail(stepErr("set up the network", errNoNetwork))
+	}
 	// The directories the root needs (/run, /home, ...) must be enterable
 	// by the workload's user whatever umask corral was started with (027
 	// and 077 are common on hardened hosts); the workload gets that umask.
@@ -62,15 +89,15 @@ func InitMain() int {
 	}
 	// As root the supervisor made the network namespace, loopback and
 	// capture included, on the thread it cloned us from.
-	if slices.Contains(cfg.Plan.Namespaces, "net") && !cfg.NetworkReady {
-		if err := netthread.LoopbackUp(); err != nil {
+	if makesNetwork && slices.Contains(cfg.Plan.Namespaces, "net") {
+		if err := network.LoopbackUp(); err != nil {
 			return fail(stepErr("bring up loopback", err))
 		}
 	}
 	tr.Step("init: hostname, loopback")
 
-	if c := cfg.Plan.Network.Capture; c != nil && !cfg.NetworkReady {
-		if err := setupCapture(sup, c); err != nil {
+	if c := cfg.Plan.Network.Capture; c != nil && makesNetwork {
+		if err := network.Capture(sup, c); err != nil {
 			return fail(stepErr("set up network capture", err))
 		}
 		tr.Step("init: capture rules, listeners handed to the supervisor")
@@ -190,23 +217,6 @@ func awaitProceed(sup *os.File) error {
 		return fmt.Errorf("unexpected %q message", m.Type)
 	}
 	return nil
-}
-
-// setupCapture routes every packet of the namespace to corral's listeners
-// and hands those listeners to the supervisor, which serves them from the
-// host's network namespace.
-func setupCapture(sup *os.File, c *plan.Capture) error {
-	l, err := capture.Setup(capture.Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort,
-		HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort})
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	var fds []int
-	for _, f := range l.Files() {
-		fds = append(fds, int(f.Fd()))
-	}
-	return SendFDs(sup, Message{Type: MsgNetwork}, fds...)
 }
 
 // allocatePTY opens a pty in the sandbox's own devpts, gives the slave to

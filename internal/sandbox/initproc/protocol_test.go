@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"reflect"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -108,5 +110,54 @@ func TestRecvSizesItsBuffer(t *testing.T) {
 	}
 	if _, err := Recv(b); err != io.EOF {
 		t.Fatalf("after the peer closed: %v, want io.EOF", err)
+	}
+}
+
+// The init program run as root leaves the network set-up out: given a
+// sandbox whose network it would have to make, it refuses before anything
+// else instead of starting the workload with no network made. The test
+// binary plays that init (InitMain(nil)) in a child process.
+func TestInitWithoutNetworkRefusesToMakeIt(t *testing.T) {
+	if os.Getenv("CORRAL_TEST_INIT_NO_NETWORK") != "" {
+		os.Exit(InitMain(nil))
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, child := os.NewFile(uintptr(fds[0]), "sup"), os.NewFile(uintptr(fds[1]), "init")
+	defer sup.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInitWithoutNetworkRefusesToMakeIt$")
+	cmd.Env = append(os.Environ(), "CORRAL_TEST_INIT_NO_NETWORK=1")
+	cmd.ExtraFiles = []*os.File{child}
+	// Should the refusal go, the init would go on to mount and name the
+	// host: namespaces of its own keep that off this machine.
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+	}
+	if err := cmd.Start(); err != nil {
+		if os.Getenv("CORRAL_NO_SKIP") != "" {
+			t.Fatalf("no user namespace for the init to run in (%v); CORRAL_NO_SKIP is set", err)
+		}
+		t.Skipf("no user namespace for the init to run in: %v", err)
+	}
+	child.Close()
+	cfg := &Config{Argv: []string{"true"}}
+	cfg.Plan.Namespaces = []string{"mount", "pid", "net"}
+	if err := Send(sup, Message{Type: MsgConfig, Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Recv(sup)
+	werr := cmd.Wait()
+	if err != nil || m.Type != MsgError || m.Step != "set up the network" || m.Code != 125 {
+		t.Fatalf("the init answered %+v (%v); want a refusal at \"set up the network\"", m, err)
+	}
+	if ee, ok := werr.(*exec.ExitError); !ok || ee.ExitCode() != 125 {
+		t.Fatalf("the init exited with %v, want 125", werr)
+	}
+	if !MakesNetwork(&cfg.Plan, false) || MakesNetwork(&cfg.Plan, true) {
+		t.Error("MakesNetwork does not follow the network namespace and NetworkReady")
 	}
 }

@@ -9,12 +9,12 @@ import (
 	"testing"
 )
 
-// NotLinked fails t for each of forbidden that the package in the current
-// directory links, directly or not, when built with tags (comma-separated,
-// or "").
-func NotLinked(t *testing.T, tags string, forbidden []string) {
+// NotLinked fails t for each of forbidden that the package pkg (a path
+// relative to the current directory, "." for its own) links, directly or
+// not, when built with tags (comma-separated, or "").
+func NotLinked(t *testing.T, pkg, tags string, forbidden []string) {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-tags", tags, "-deps", ".").Output()
+	out, err := exec.Command("go", "list", "-tags", tags, "-deps", pkg).Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
@@ -24,7 +24,7 @@ func NotLinked(t *testing.T, tags string, forbidden []string) {
 	}
 	for _, p := range forbidden {
 		if deps[p] {
-			t.Errorf("this program links %s; `go list -deps` shows it, and `go mod why` the path", p)
+			t.Errorf("%s links %s; `go list -deps` shows it, and `go mod why` the path", pkg, p)
 		}
 	}
 }
