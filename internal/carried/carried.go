@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -103,7 +102,7 @@ func installed(path string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("carried program: %w", err)
 	}
-	if err := owned(path, st, 0o022); err != nil {
+	if err := statedir.Owned(path, st, 0o022); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -171,18 +170,6 @@ func ownedDir(dir string) error {
 	if !st.IsDir() {
 		return fmt.Errorf("program directory %s is not a directory", dir)
 	}
-	return owned(dir, st, 0o077)
+	return statedir.Owned(dir, st, 0o077)
 }
 
-// owned refuses a file not owned by our uid or with any of the mode bits
-// in forbidden: the programs run with every privilege corral has.
-func owned(path string, st fs.FileInfo, forbidden fs.FileMode) error {
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	if !ok || int(sys.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s is not owned by uid %d: remove it and let corral write it again", path, os.Geteuid())
-	}
-	if st.Mode().Perm()&forbidden != 0 || (!st.IsDir() && !st.Mode().IsRegular()) {
-		return fmt.Errorf("%s has mode %v: remove it and let corral write it again", path, st.Mode())
-	}
-	return nil
-}

@@ -3,6 +3,8 @@
 // agree on one layout:
 //
 //	<state>/audit.log                      default audit log
+//	<state>/bin/                           programs corral carries (the init, the full program)
+//	<state>/java-roots/                    the host's CA roots as Java trust stores
 //	<state>/writable                       directories sandboxes could write
 //	<state>/run/<id>/                      one live sandbox (lock, root mountpoint)
 //	<state>/run/<id>/control.sock          the sandbox's control socket
@@ -15,9 +17,26 @@ package statedir
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
+
+// Owned refuses what corral runs or trusts from its state directory unless
+// it is owned by our uid, is a directory or a regular file, and has none of
+// the mode bits in forbidden: nobody else may have put it there or be able
+// to change it.
+func Owned(path string, st fs.FileInfo, forbidden fs.FileMode) error {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is not owned by uid %d: remove it and let corral write it again", path, os.Geteuid())
+	}
+	if st.Mode().Perm()&forbidden != 0 || (!st.IsDir() && !st.Mode().IsRegular()) {
+		return fmt.Errorf("%s has mode %v: remove it and let corral write it again", path, st.Mode())
+	}
+	return nil
+}
 
 // Default is /var/lib/corral for root and $XDG_STATE_HOME/corral
 // (~/.local/state/corral) for everyone else.

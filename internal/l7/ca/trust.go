@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	keystore "github.com/pavlo-v-chernykh/keystore-go/v4"
+
+	"github.com/corral-sandbox/corral/internal/statedir"
 )
 
 // HostCAVariables name files of extra roots a host may trust beyond its
@@ -147,20 +150,32 @@ var jksWhitener = []byte("Mighty Aphrodite")
 // own's and the framing: the entries stay as keystore-go encoded them, and
 // only the header and digest are written here, which the library cannot do
 // for entries it has not decoded. A kept store whose digest does not check
-// (cut short, or changed) is made again. An error wrapping ErrNotKept
-// means w holds the store and only the next start pays again.
+// (cut short, or changed) is made again. Like everything corral trusts in
+// its state directory, dir and the stores in it must be corral's own and
+// writable by nobody else (statedir.Owned); a dir that is not is neither
+// read nor written. An error wrapping ErrNotKept means w holds the store
+// and only the next start pays again.
 func TrustStore(w io.Writer, password, dir string, roots []byte, own ...[]byte) error {
 	sum := sha256.Sum256(roots)
 	path := filepath.Join(dir, hex.EncodeToString(sum[:])+".jks")
 	// One buffer for checking the kept store and for copying it.
 	buf := make([]byte, 32<<10)
-	kept, n, err := openKept(path, password, buf)
+	var kept *keptStore
+	var n int
+	err := ownDir(dir)
+	if err == nil {
+		kept, n, err = openKept(path, password, buf)
+	}
 	if err != nil {
 		ks := keystore.New(keystore.WithOrderedAliases())
 		if err := addCertificates(ks, roots); err != nil {
 			return err
 		}
-		if keepErr := keep(ks, password, dir, path); keepErr != nil {
+		keepErr := err
+		if !errors.Is(err, errNotOurs) {
+			keepErr = keep(ks, password, dir, path)
+		}
+		if keepErr != nil {
 			if err := addCertificates(ks, own...); err != nil {
 				return err
 			}
@@ -224,6 +239,9 @@ func openKept(path, password string, buf []byte) (*keptStore, int, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if err := statedir.Owned(path, fi, 0o022); err != nil {
+		return fail(err)
+	}
 	var head [jksHeader]byte
 	if _, err := io.ReadFull(f, head[:]); err != nil {
 		return fail(err)
@@ -245,6 +263,27 @@ func openKept(path, password string, buf []byte) (*keptStore, int, error) {
 		return fail(errors.New("its digest does not match"))
 	}
 	return &keptStore{File: f, entries: entries}, int(binary.BigEndian.Uint32(head[8:])), nil
+}
+
+// errNotOurs marks a directory of kept stores that is not corral's own.
+var errNotOurs = errors.New("not corral's own")
+
+// ownDir checks dir, if it exists, as statedir.Owned does.
+func ownDir(dir string) error {
+	st, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err == nil && !st.IsDir() {
+		err = fmt.Errorf("%s is not a directory", dir)
+	}
+	if err == nil {
+		err = statedir.Owned(dir, st, 0o022)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", errNotOurs, err)
+	}
+	return nil
 }
 
 // jksDigest starts a store's digest.

@@ -232,3 +232,57 @@ func TestTrustStoreKeepsTheNewest(t *testing.T) {
 		t.Errorf("%d stores kept (want %d), the newest among them: %v", len(entries), keptStores, found)
 	}
 }
+
+// A kept store is trusted as corral trusts the rest of its state: one
+// others could write is not used (and is made again), and in a directory
+// others could write nothing is read or kept.
+func TestTrustStoreTrustsOnlyItsOwn(t *testing.T) {
+	roots, own := pemOf(t, "root"), pemOf(t, "own")
+	var want bytes.Buffer
+	if err := TrustStore(&want, "changeit", t.TempDir(), roots, own); err != nil {
+		t.Fatal(err)
+	}
+	var stand bytes.Buffer
+	if err := TrustStore(&stand, "changeit", t.TempDir(), pemOf(t, "stand-in")); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(roots)
+	name := hex.EncodeToString(sum[:]) + ".jks"
+
+	dir := filepath.Join(t.TempDir(), "kept")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), stand.Bytes(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, name), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	if err := TrustStore(&got, "changeit", dir, roots, own); err != nil || !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Errorf("a kept store others can write was used (err %v)", err)
+	}
+
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(open, name), stand.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got.Reset()
+	if err := TrustStore(&got, "changeit", open, pemOf(t, "other"), own); !errors.Is(err, ErrNotKept) {
+		t.Errorf("in a directory others can write: err %v, want ErrNotKept", err)
+	}
+	got.Reset()
+	if err := TrustStore(&got, "changeit", open, roots, own); !errors.Is(err, ErrNotKept) || !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Errorf("a store in a directory others can write was used (err %v)", err)
+	}
+	if entries, _ := os.ReadDir(open); len(entries) != 1 {
+		t.Errorf("corral wrote into a directory others can write: %d entries", len(entries))
+	}
+}
