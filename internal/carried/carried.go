@@ -172,4 +172,3 @@ func ownedDir(dir string) error {
 	}
 	return statedir.Owned(dir, st, 0o077)
 }
-
