@@ -379,7 +379,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		Network:        s.Plan.Network.Mode,
 		LimitsEnforced: s.cg != nil,
 	})
-	return s.wait(ctx, term, msgs, done), nil
+	return s.wait(ctx, term, sup, msgs, done), nil
 }
 
 // serveConnects records the workload's connects from the seccomp
@@ -514,7 +514,7 @@ func (s *supervisor) sysProcAttr(netReady bool) *syscall.SysProcAttr {
 
 // wait lets the workload run to its end and turns that end into corral's
 // exit code and audit events.
-func (s *supervisor) wait(ctx context.Context, term *terminal, msgs <-chan initproc.Message, done <-chan struct{}) int {
+func (s *supervisor) wait(ctx context.Context, term *terminal, sup *os.File, msgs <-chan initproc.Message, done <-chan struct{}) int {
 	final := make(chan *initproc.Message, 1)
 	go func() {
 		var exited *initproc.Message
@@ -527,8 +527,18 @@ func (s *supervisor) wait(ctx context.Context, term *terminal, msgs <-chan initp
 	}()
 	pid := s.cmd.Process.Pid
 	timedOut := watchdog{
-		sigs:     s.sigs,
-		signal:   func(sig syscall.Signal) { _ = unix.Kill(pid, sig) },
+		sigs: s.sigs,
+		// The init forwards a signal it is sent as a message: it
+		// catches none, since signal.Notify was one of its dearest
+		// start-up steps. SIGKILL ends the init itself, and with it
+		// every process of the sandbox.
+		signal: func(sig syscall.Signal) {
+			if sig == unix.SIGKILL {
+				_ = unix.Kill(pid, sig)
+				return
+			}
+			_ = initproc.Send(sup, initproc.Message{Type: initproc.MsgSignal, Signal: int(sig)})
+		},
 		resize:   term.resize,
 		walltime: s.Walltime,
 		start:    s.start,
@@ -549,6 +559,10 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 		code = 128 + sig
 	} else {
 		code = s.cmd.ProcessState.ExitCode()
+	}
+	if exited == nil && !timedOut {
+		// Killed, or sent a signal directly: the init catches none.
+		s.Log.Warn("the sandbox's init ended before reporting the command's end; every process of the sandbox ended with it", "init", s.cmd.ProcessState.String())
 	}
 	reason := ""
 	switch {

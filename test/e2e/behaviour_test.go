@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,6 +87,24 @@ func TestSignalForwarding(t *testing.T) {
 			r := p.wait()
 			if r.code != 42 || !strings.Contains(r.stdout, "caught SIGTERM") {
 				t.Fatalf("want the workload to catch the forwarded SIGTERM and exit 42\n%s", r)
+			}
+		})
+		// The init catches no signal (the supervisor's come as messages):
+		// one sent to it straight from the host ends the sandbox, and
+		// corral says so.
+		t.Run("init-signalled-directly", func(t *testing.T) {
+			t.Parallel()
+			fx := newFixture(t, m)
+			p := startCorral(t, fx, runOpts{args: []string{fx.attack, "term-exit", "42"}})
+			p.waitOutput("READY", 10*time.Second)
+			init := initOf(t, p.cmd.Process.Pid)
+			if err := syscall.Kill(init, syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			r := p.wait()
+			if r.elapsed > 10*time.Second || strings.Contains(r.stdout, "caught SIGTERM") ||
+				!strings.Contains(r.stderr, "the sandbox's init ended before reporting the command's end") {
+				t.Fatalf("want the sandbox ended at once, the workload not signalled, and a warning\n%s", r)
 			}
 		})
 		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
@@ -424,4 +443,24 @@ for p in socks:
 			t.Fatalf("rootless: want the other sandbox's control socket reached and the request refused\n%s", r)
 		}
 	})
+}
+
+// initOf finds the sandbox's init: the child of corral that runs a carried
+// init program or corral itself as one. The init is cloned from one of
+// corral's threads, so every thread's children are looked at.
+func initOf(t *testing.T, corral int) int {
+	t.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", corral))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, field := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(field)
+			args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if strings.HasPrefix(string(args), "corral-init\x00") {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no init among the children of corral (pid %d)", corral)
+	return 0
 }

@@ -3,9 +3,7 @@ package initproc
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"syscall"
 
@@ -16,8 +14,9 @@ import (
 )
 
 // forwarded are the signals the init passes on to the workload's process
-// group; SIGWINCH reaches it from the terminal itself.
-var forwarded = []os.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
+// group when the supervisor asks (MsgSignal); SIGWINCH reaches it from the
+// terminal itself, and SIGKILL is the supervisor's to send the init.
+var forwarded = []syscall.Signal{unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
 
 // Network makes the sandbox's network from inside it, where the supervisor
 // cannot (rootless, the namespace belongs to the sandbox's user namespace,
@@ -119,18 +118,13 @@ func InitMain(network *Network) int {
 		return fail(stepErr("make /proc read-only", err))
 	}
 	tr.Step("init: terminal, read-only /proc")
-	// signal.Notify costs a round trip to the runtime's signal thread per
-	// signal, a millisecond or more for these on a busy machine, so it
-	// runs while we wait for the supervisor. A signal that arrives before
-	// the workload runs is forwarded to it once it does.
-	sigs := make(chan os.Signal, 16)
-	chld := make(chan os.Signal, 16)
-	notifying := make(chan struct{})
-	go func() {
-		signal.Notify(sigs, forwarded...)
-		signal.Notify(chld, unix.SIGCHLD)
-		close(notifying)
-	}()
+	// The init catches no signal: signal.Notify costs a round trip to the
+	// runtime's signal thread per signal, which made it the init's
+	// dearest step after the mounts (`corral run --trace`). The signals
+	// for the workload come from the supervisor as messages (MsgSignal),
+	// and the children's ends from a blocking wait. A signal asked for
+	// before the workload runs is forwarded to it once it does.
+	sigs := make(chan syscall.Signal, 16)
 	// The supervisor finishes its side (egress serving, the Java trust
 	// store written) while we set up ours; the workload never starts
 	// before what it reads is there. A supervisor that died meanwhile
@@ -144,12 +138,21 @@ func InitMain(network *Network) int {
 	// kills every process of a pid namespace whose init exits, whatever
 	// thread or Landlock domain this goroutine runs in.
 	go func() {
-		_, _ = io.Copy(io.Discard, sup)
-		_ = unix.Kill(-1, unix.SIGKILL)
-		os.Exit(137)
+		for {
+			m, err := Recv(sup)
+			switch {
+			case err == nil && m.Type == MsgSignal && slices.Contains(forwarded, syscall.Signal(m.Signal)):
+				select {
+				case sigs <- syscall.Signal(m.Signal):
+				default: // as many are queued as any workload could tell apart
+				}
+			case err != nil && !errors.Is(err, ErrUndecodable):
+				_ = unix.Kill(-1, unix.SIGKILL)
+				os.Exit(137)
+			}
+		}
 	}()
 
-	<-notifying
 	pid, listener, serr := startWorkload(cfg, stdio, tr)
 	if serr != nil {
 		return fail(serr)
@@ -164,43 +167,56 @@ func InitMain(network *Network) int {
 		_ = Send(sup, Message{Type: MsgStarted, PID: pid})
 	}
 
+	exited := make(chan unix.WaitStatus, 1)
+	go reap(pid, exited)
 	for {
 		select {
 		case s := <-sigs:
 			// The workload leads its own session, so its pid is its
-			// process group; a shell's jobs get the signal too.
-			_ = unix.Kill(-pid, s.(syscall.Signal))
-		case <-chld:
-			if code, sig, done := reap(pid); done {
-				tr.Step("init: workload exited")
-				_ = Send(sup, Message{Type: MsgExited, Code: code, Signal: sig})
-				return code
-			}
+			// process group; a shell's jobs get the signal too. It
+			// leaves from this thread, the one the workload was forked
+			// from (see above).
+			_ = unix.Kill(-pid, s)
+		case ws := <-exited:
+			code, sig := exitStatus(ws)
+			tr.Step("init: workload exited")
+			_ = Send(sup, Message{Type: MsgExited, Code: code, Signal: sig})
+			return code
 		}
 	}
 }
 
-// reap collects every exited child (orphans re-parent to us) and reports
-// whether the workload itself has exited.
-func reap(workload int) (code, sig int, done bool) {
+// reap collects every child that exits (orphans re-parent to us) until the
+// workload does, whose status it sends on exited.
+func reap(workload int, exited chan<- unix.WaitStatus) {
 	for {
 		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		if err != nil || pid <= 0 {
-			return code, sig, done
-		}
-		if pid != workload {
-			continue
-		}
-		done = true
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
 		switch {
-		case ws.Exited():
-			code = ws.ExitStatus()
-		case ws.Signaled():
-			sig = int(ws.Signal())
-			code = 128 + sig
+		case err == unix.EINTR:
+		case err != nil:
+			// ECHILD: the workload was reaped elsewhere, which nothing
+			// does; end as if it had been killed.
+			exited <- unix.WaitStatus(unix.SIGKILL)
+			return
+		case pid == workload:
+			exited <- ws
+			return
 		}
 	}
+}
+
+// exitStatus is the code corral reports for a wait status, and the signal
+// that ended the workload if one did.
+func exitStatus(ws unix.WaitStatus) (code, sig int) {
+	switch {
+	case ws.Exited():
+		code = ws.ExitStatus()
+	case ws.Signaled():
+		sig = int(ws.Signal())
+		code = 128 + sig
+	}
+	return code, sig
 }
 
 // awaitProceed reads the supervisor's next message, which must be

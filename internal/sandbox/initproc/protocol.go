@@ -31,6 +31,7 @@ const (
 	MsgStarted = "started" // init → supervisor: the workload's execve succeeded; carries the seccomp listener, if any
 	MsgError   = "error"   // a set-up step failed; the workload never ran
 	MsgExited  = "exited"  // init → supervisor: the workload's wait status
+	MsgSignal  = "signal"  // supervisor → init: signal the workload's process group (Signal)
 	MsgPTY     = "pty"     // init → supervisor: carries the pty master fd
 	MsgNetwork = "network" // init → supervisor: carries the egress listeners
 )
