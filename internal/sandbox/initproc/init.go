@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"syscall"
 
@@ -153,10 +154,26 @@ func InitMain(network *Network) int {
 		}
 	}()
 
+	// The reaper gets a thread of its own now: startWorkload sets the
+	// pids limit, which counts the init's threads, and a Go program dies
+	// of a thread it cannot start once the workload holds the rest.
+	workload := make(chan int, 1)
+	exited := make(chan unix.WaitStatus, 1)
+	reaping := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		close(reaping)
+		if pid, ok := <-workload; ok {
+			reap(pid, exited)
+		}
+	}()
+	<-reaping
 	pid, listener, serr := startWorkload(cfg, stdio, tr)
 	if serr != nil {
+		close(workload)
 		return fail(serr)
 	}
+	workload <- pid
 	if listener >= 0 {
 		// Until the supervisor has it, every call the filter passes to
 		// it waits; once this copy is closed, only the supervisor's
@@ -167,8 +184,6 @@ func InitMain(network *Network) int {
 		_ = Send(sup, Message{Type: MsgStarted, PID: pid})
 	}
 
-	exited := make(chan unix.WaitStatus, 1)
-	go reap(pid, exited)
 	for {
 		select {
 		case s := <-sigs:
