@@ -126,6 +126,21 @@ func InitMain(network *Network) int {
 	// and the children's ends from a blocking wait. A signal asked for
 	// before the workload runs is forwarded to it once it does.
 	sigs := make(chan syscall.Signal, 16)
+	// The reaper gets a thread of its own before the workload starts:
+	// startWorkload sets the pids limit, which counts the init's threads,
+	// and a Go program dies of a thread it cannot start once the workload
+	// holds the rest. A new thread is dear on a small virtual machine, so
+	// it is made while we wait for the supervisor.
+	workload := make(chan int, 1)
+	exited := make(chan unix.WaitStatus, 1)
+	reaping := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		close(reaping)
+		if pid, ok := <-workload; ok {
+			reap(pid, exited)
+		}
+	}()
 	// The supervisor finishes its side (egress serving, the Java trust
 	// store written) while we set up ours; the workload never starts
 	// before what it reads is there. A supervisor that died meanwhile
@@ -154,19 +169,6 @@ func InitMain(network *Network) int {
 		}
 	}()
 
-	// The reaper gets a thread of its own now: startWorkload sets the
-	// pids limit, which counts the init's threads, and a Go program dies
-	// of a thread it cannot start once the workload holds the rest.
-	workload := make(chan int, 1)
-	exited := make(chan unix.WaitStatus, 1)
-	reaping := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		close(reaping)
-		if pid, ok := <-workload; ok {
-			reap(pid, exited)
-		}
-	}()
 	<-reaping
 	pid, listener, serr := startWorkload(cfg, stdio, tr)
 	if serr != nil {
