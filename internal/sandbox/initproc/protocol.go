@@ -127,8 +127,14 @@ func Recv(sock *os.File) (Message, error) {
 	var n int
 	var perr error
 	if err := raw.Read(func(fd uintptr) bool {
-		n, _, perr = unix.Recvfrom(int(fd), nil, unix.MSG_PEEK|unix.MSG_TRUNC)
-		return perr != unix.EAGAIN && perr != unix.EINTR
+		// A socket in blocking mode (the init's, or one whose Fd was
+		// taken) cannot wait in the poller: only EAGAIN may send it there.
+		for {
+			n, _, perr = unix.Recvfrom(int(fd), nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+			if perr != unix.EINTR {
+				return perr != unix.EAGAIN
+			}
+		}
 	}); err != nil {
 		return Message{}, err
 	}

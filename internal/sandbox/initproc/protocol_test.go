@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -159,5 +160,25 @@ func TestInitWithoutNetworkRefusesToMakeIt(t *testing.T) {
 	}
 	if !MakesNetwork(&cfg.Plan, false) || MakesNetwork(&cfg.Plan, true) {
 		t.Error("MakesNetwork does not follow the network namespace and NetworkReady")
+	}
+}
+
+// On a socket in non-blocking mode Recv waits in the poller for a message
+// still to come.
+func TestRecvWaitsOnNonBlockingSocket(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := os.NewFile(uintptr(fds[0]), "a"), os.NewFile(uintptr(fds[1]), "b")
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_ = Send(a, Message{Type: MsgSignal, Signal: 15})
+	}()
+	m, err := Recv(b)
+	if err != nil || m.Type != MsgSignal || m.Signal != 15 {
+		t.Fatalf("Recv = %+v, %v; want the signal message", m, err)
 	}
 }
