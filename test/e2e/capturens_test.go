@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
@@ -22,25 +20,14 @@ import (
 func TestCaptureStaysInTheSandbox(t *testing.T) {
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
-		n := strconv.Itoa(800000 + rand.IntN(99999))
-		p := startCorral(t, fx, runOpts{args: []string{"/bin/sleep", n}})
-		var sleepers []int
-		for deadline := time.Now().Add(10 * time.Second); len(sleepers) == 0 && time.Now().Before(deadline); {
-			sleepers = hostProcs("/bin/sleep", n)
-			time.Sleep(20 * time.Millisecond)
-		}
-		if len(sleepers) != 1 {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-			t.Fatalf("want one workload `sleep %s` in host /proc, found %v\nstderr: %s", n, sleepers, p.stderr)
-		}
+		p, _, sleeper := startSleeper(t, fx, runOpts{})
 		// Ending the workload, not corral, lets corral remove its cgroup
 		// and run directory as after any run. Once: its pid is free after.
 		ended := false
 		end := func() {
 			if !ended {
 				ended = true
-				_ = unix.Kill(sleepers[0], unix.SIGKILL)
+				_ = unix.Kill(sleeper, unix.SIGKILL)
 				<-p.done
 			}
 		}
@@ -48,7 +35,7 @@ func TestCaptureStaysInTheSandbox(t *testing.T) {
 		if hasCaptureTable(t, -1) {
 			t.Fatalf("the host's network namespace holds nftables table inet %s while a sandbox runs", capture.TableName)
 		}
-		ns, err := os.Open("/proc/" + strconv.Itoa(sleepers[0]) + "/ns/net")
+		ns, err := os.Open("/proc/" + strconv.Itoa(sleeper) + "/ns/net")
 		if err != nil {
 			t.Fatal(err)
 		}

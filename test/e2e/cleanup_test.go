@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -22,18 +20,7 @@ func TestCleanupAfterSupervisorKill(t *testing.T) {
 	forEachMode(t, false, func(t *testing.T, m *mode) {
 		fx := newFixture(t, m)
 		state := filepath.Join(newDir(t, m, "state-"), "corral")
-		n := strconv.Itoa(900000 + rand.IntN(99999))
-		p := startCorral(t, fx, runOpts{args: []string{"/bin/sleep", n}, state: state})
-
-		var sleepers []int
-		deadline := time.Now().Add(10 * time.Second)
-		for len(sleepers) == 0 && time.Now().Before(deadline) {
-			sleepers = hostProcs("/bin/sleep", n)
-			time.Sleep(20 * time.Millisecond)
-		}
-		if len(sleepers) == 0 {
-			t.Fatalf("the workload `sleep %s` never appeared in host /proc\nstderr: %s", n, p.stderr)
-		}
+		p, n, _ := startSleeper(t, fx, runOpts{state: state})
 		started := readEvents(t, p.audit)
 		id := ""
 		for _, e := range started {

@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -669,6 +670,28 @@ func runOnHost(t *testing.T, uid, gid int, dir string, args ...string) (int, str
 		t.Fatalf("run attack on host: %v", err)
 	}
 	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+// startSleeper starts corral with o running `/bin/sleep N`, N a number
+// of about a million seconds no other test uses, and returns it with N and
+// the workload's host pid once that process is the one of its kind in
+// host /proc (within 10 s; else corral is killed and the test fails).
+func startSleeper(t *testing.T, fx *fixture, o runOpts) (p *proc, n string, pid int) {
+	t.Helper()
+	n = strconv.Itoa(800000 + rand.IntN(199999))
+	o.args = []string{"/bin/sleep", n}
+	p = startCorral(t, fx, o)
+	var pids []int
+	for deadline := time.Now().Add(10 * time.Second); len(pids) == 0 && time.Now().Before(deadline); {
+		pids = hostProcs("/bin/sleep", n)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(pids) != 1 {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		t.Fatalf("want one workload `sleep %s` in host /proc, found %v\nstderr: %s", n, pids, p.stderr)
+	}
+	return p, n, pids[0]
 }
 
 // hostProcs returns the pids of host processes whose argv equals argv.
