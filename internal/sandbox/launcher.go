@@ -95,8 +95,8 @@ func (s *supervisor) launcherFor(early *Launcher) *launcher {
 	prepares := !s.Plan.Rootless && slices.Contains(s.Plan.Namespaces, "net")
 	var c *capture.Config
 	if pc := s.Plan.Network.Capture; pc != nil && prepares {
-		c = &capture.Config{DNSPort: pc.DNSPort, TransparentPort: pc.TransparentPort,
-			HTTPProxyPort: pc.HTTPProxyPort, SOCKSPort: pc.SOCKSPort}
+		cfg := capture.ConfigOf(pc)
+		c = &cfg
 	}
 	if early != nil {
 		l := early.l

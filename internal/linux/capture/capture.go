@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/netclass"
+	"github.com/corral-sandbox/corral/internal/plan"
 )
 
 // Config holds the ports of the listeners.
@@ -37,6 +38,11 @@ type Config struct {
 
 // DefaultConfig is the conventional port layout.
 var DefaultConfig = Config{DNSPort: 53, TransparentPort: 15001, HTTPProxyPort: 3128, SOCKSPort: 1080}
+
+// ConfigOf is the port layout a plan's capture asks for.
+func ConfigOf(c *plan.Capture) Config {
+	return Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort, HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort}
+}
 
 // Addr is the capture address the sandbox sees: the resolv.conf nameserver
 // and the host part of the proxy variables. It is the only IPv4 address in

@@ -21,8 +21,7 @@ var Network = &initproc.Network{LoopbackUp: netthread.LoopbackUp, Capture: setup
 // and hands those listeners to the supervisor, which serves them from the
 // host's network namespace.
 func setupCapture(sup *os.File, c *plan.Capture) error {
-	l, err := capture.Setup(capture.Config{DNSPort: c.DNSPort, TransparentPort: c.TransparentPort,
-		HTTPProxyPort: c.HTTPProxyPort, SOCKSPort: c.SOCKSPort})
+	l, err := capture.Setup(capture.ConfigOf(c))
 	if err != nil {
 		return err
 	}
