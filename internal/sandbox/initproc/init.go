@@ -31,6 +31,13 @@ type Network struct {
 	Capture    func(sup *os.File, c *plan.Capture) error
 }
 
+// forwardable is the signal m asks the init to pass on to the workload,
+// and whether it is such a request for one of the signals it forwards.
+func forwardable(m Message) (syscall.Signal, bool) {
+	sig := syscall.Signal(m.Signal)
+	return sig, m.Type == MsgSignal && slices.Contains(forwarded, sig)
+}
+
 // MakesNetwork tells whether the init of a sandbox with plan p makes its
 // network itself: it has a network namespace, or a capture, that the
 // supervisor did not make ready.
@@ -156,10 +163,11 @@ func InitMain(network *Network) int {
 	go func() {
 		for {
 			m, err := Recv(sup)
+			sig, ok := forwardable(m)
 			switch {
-			case err == nil && m.Type == MsgSignal && slices.Contains(forwarded, syscall.Signal(m.Signal)):
+			case err == nil && ok:
 				select {
-				case sigs <- syscall.Signal(m.Signal):
+				case sigs <- sig:
 				default: // as many are queued as any workload could tell apart
 				}
 			case err != nil && !errors.Is(err, ErrUndecodable):

@@ -182,3 +182,28 @@ func TestRecvWaitsOnNonBlockingSocket(t *testing.T) {
 		t.Fatalf("Recv = %+v, %v; want the signal message", m, err)
 	}
 }
+
+// The init passes on only the signals of its list, whatever a message asks:
+// not SIGKILL or SIGSTOP (the supervisor kills the init itself), not a
+// number out of range, not a signal riding on another message.
+func TestInitForwardsOnlyItsSignals(t *testing.T) {
+	for _, sig := range forwarded {
+		if got, ok := forwardable(Message{Type: MsgSignal, Signal: int(sig)}); !ok || got != sig {
+			t.Errorf("%v is not forwarded", sig)
+		}
+	}
+	for _, m := range []Message{
+		{Type: MsgSignal, Signal: int(unix.SIGKILL)},
+		{Type: MsgSignal, Signal: int(unix.SIGSTOP)},
+		{Type: MsgSignal, Signal: int(unix.SIGSYS)},
+		{Type: MsgSignal, Signal: 0},
+		{Type: MsgSignal, Signal: -1},
+		{Type: MsgSignal, Signal: 65},
+		{Type: MsgExited, Signal: int(unix.SIGTERM)},
+		{Type: MsgSignal},
+	} {
+		if _, ok := forwardable(m); ok {
+			t.Errorf("%+v is forwarded", m)
+		}
+	}
+}
