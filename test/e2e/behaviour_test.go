@@ -89,6 +89,23 @@ func TestSignalForwarding(t *testing.T) {
 				t.Fatalf("want the workload to catch the forwarded SIGTERM and exit 42\n%s", r)
 			}
 		})
+		// A signal for the command reaches its whole process group: here
+		// the shell's foreground job dies of it while the shell, which
+		// traps it, goes on to say so.
+		t.Run("process-group", func(t *testing.T) {
+			t.Parallel()
+			fx := newFixture(t, m)
+			p := startCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c",
+				`trap 'echo shell-got-TERM' TERM; echo READY; /bin/sleep 60; echo job-ended $?`}})
+			p.waitOutput("READY", 10*time.Second)
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			r := p.wait()
+			if r.elapsed > 10*time.Second || !strings.Contains(r.stdout, "job-ended 143") || !strings.Contains(r.stdout, "shell-got-TERM") {
+				t.Fatalf("want the job killed by SIGTERM and the shell told too\n%s", r)
+			}
+		})
 		// The init catches no signal (the supervisor's come as messages):
 		// one sent to it straight from the host ends the sandbox, and
 		// corral says so.
@@ -107,11 +124,14 @@ func TestSignalForwarding(t *testing.T) {
 				t.Fatalf("want the sandbox ended at once, the workload not signalled, and a warning\n%s", r)
 			}
 		})
-		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT} {
 			t.Run("default-"+sig.String(), func(t *testing.T) {
 				t.Parallel()
 				fx := newFixture(t, m)
-				p := startCorral(t, fx, runOpts{args: []string{fx.attack, "sleep", "60"}})
+				// A C program, which leaves each signal its default
+				// action (a Go one dumps its goroutines on SIGQUIT
+				// and exits 2).
+				p := startCorral(t, fx, runOpts{args: []string{"/bin/sleep", "60"}})
 				time.Sleep(300 * time.Millisecond)
 				if err := p.cmd.Process.Signal(sig); err != nil {
 					t.Fatal(err)
