@@ -560,10 +560,6 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 	} else {
 		code = s.cmd.ProcessState.ExitCode()
 	}
-	if exited == nil && !timedOut {
-		// Killed, or sent a signal directly: the init catches none.
-		s.Log.Warn("the sandbox's init ended before reporting the command's end; every process of the sandbox ended with it", "init", s.cmd.ProcessState.String())
-	}
 	reason := ""
 	switch {
 	case timedOut:
@@ -576,6 +572,12 @@ func (s *supervisor) finish(exited *initproc.Message, timedOut bool) int {
 		reason = ReasonSeccomp
 	case sig != 0:
 		reason = ReasonSignal
+	}
+	if exited == nil && reason == "" {
+		// No reason above explains it (a walltime, memory, a signal
+		// that killed it): the init was sent a signal directly, which
+		// it does not catch, and exited.
+		s.Log.Warn("the sandbox's init ended before reporting the command's end; every process of the sandbox ended with it", "init", s.cmd.ProcessState.String())
 	}
 	if reason != "" {
 		ev := audit.SandboxKilledEvent{Reason: reason}
