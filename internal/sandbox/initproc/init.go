@@ -148,19 +148,16 @@ func InitMain(network *Network) int {
 			reap(pid, exited)
 		}
 	}()
-	// The supervisor finishes its side (egress serving, the Java trust
-	// store written) while we set up ours; the workload never starts
-	// before what it reads is there. A supervisor that died meanwhile
-	// ends the wait with EOF.
-	if err := awaitProceed(sup); err != nil {
-		return fail(stepErr("wait for the supervisor", err))
-	}
-	tr.Step("init: supervisor ready")
-	// The supervisor sees EOF on its socket only when we exit; we see EOF
-	// when it dies, and then the sandbox must die with it: the kernel
-	// kills every process of a pid namespace whose init exits, whatever
-	// thread or Landlock domain this goroutine runs in.
+	// From here one goroutine reads the supervisor's messages: the
+	// go-ahead, then signals for the workload. It starts now, so that its
+	// thread, too, exists before the pids limit. The supervisor sees EOF
+	// on its socket only when we exit; we see EOF when it dies, and then
+	// the sandbox must die with it: the kernel kills every process of a
+	// pid namespace whose init exits, whatever thread or Landlock domain
+	// this goroutine runs in.
+	proceed := make(chan error, 1)
 	go func() {
+		waiting := true
 		for {
 			m, err := Recv(sup)
 			sig, ok := forwardable(m)
@@ -170,12 +167,25 @@ func InitMain(network *Network) int {
 				case sigs <- sig:
 				default: // as many are queued as any workload could tell apart
 				}
+			case err == nil && waiting:
+				waiting = false
+				if m.Type != MsgProceed {
+					err = fmt.Errorf("unexpected %q message", m.Type)
+				}
+				proceed <- err
 			case err != nil && !errors.Is(err, ErrUndecodable):
 				_ = unix.Kill(-1, unix.SIGKILL)
 				os.Exit(137)
 			}
 		}
 	}()
+	// The supervisor finishes its side (egress serving, the Java trust
+	// store written) while we set up ours; the workload never starts
+	// before what it reads is there.
+	if err := <-proceed; err != nil {
+		return fail(stepErr("wait for the supervisor", err))
+	}
+	tr.Step("init: supervisor ready")
 
 	<-reaping
 	pid, listener, serr := startWorkload(cfg, stdio, tr)
@@ -242,22 +252,6 @@ func exitStatus(ws unix.WaitStatus) (code, sig int) {
 		code = 128 + sig
 	}
 	return code, sig
-}
-
-// awaitProceed reads the supervisor's next message, which must be
-// MsgProceed.
-func awaitProceed(sup *os.File) error {
-	m, files, err := RecvFDs(sup)
-	for _, f := range files {
-		f.Close()
-	}
-	switch {
-	case err != nil:
-		return err
-	case m.Type != MsgProceed:
-		return fmt.Errorf("unexpected %q message", m.Type)
-	}
-	return nil
 }
 
 // allocatePTY opens a pty in the sandbox's own devpts, gives the slave to
