@@ -95,8 +95,10 @@ func TestSignalForwarding(t *testing.T) {
 		t.Run("process-group", func(t *testing.T) {
 			t.Parallel()
 			fx := newFixture(t, m)
+			// The job says READY itself, then becomes sleep: a
+			// signal after READY finds it, whichever it is by then.
 			p := startCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c",
-				`trap 'echo shell-got-TERM' TERM; echo READY; /bin/sleep 60; echo job-ended $?`}})
+				`trap 'echo shell-got-TERM' TERM; /bin/sh -c 'echo READY; exec /bin/sleep 60'; echo job-ended $?`}})
 			p.waitOutput("READY", 10*time.Second)
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
