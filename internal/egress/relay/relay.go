@@ -25,8 +25,8 @@ var ErrIdle = errors.New("relay: idle timeout")
 // back, as request/response protocols over a shutdown() socket need. An
 // error in either direction ends both. idle > 0 ends the relay after that
 // long without a byte either way; 0 means no limit. Between two bare TCP
-// connections the kernel moves the bytes (splice); through any wrapper they
-// are copied.
+// connections the kernel moves a direction's bytes (splice) once it shows
+// itself bulk; through any wrapper they are copied.
 func Relay(a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
@@ -89,14 +89,7 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 	var n int64
 	var err error
 	if d, s, ok := sockets(dst, src); ok {
-		n, err = spliceCopy(d, s, -1, idle, last)
-		if errors.Is(err, errNoPipe) {
-			// Out of descriptors for a pipe: the tunnel still works,
-			// through user space.
-			var m int64
-			m, err = copyLoop(dst, src, idle, last)
-			n += m
-		}
+		n, err = bulkCopy(d, s, idle, last)
 	} else if w, ok := dst.(Watched); ok {
 		n, err = watchedCopy(w, src, idle, last)
 	} else {
@@ -111,6 +104,38 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		}
 	}
 	return n, nil
+}
+
+// bulkCopy moves src's bytes to dst, through a buffer until one read fills
+// it, then with splice(2) to the end. A splice costs a pipe and four more
+// system calls than a read and a write per burst, which the small
+// exchanges of a request-response protocol never earn back; a read that
+// fills the buffer says more is queued, and from then on the kernel moves
+// the bytes.
+func bulkCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	bp := bufPool.Get().(*[]byte)
+	var n int64
+	for {
+		m, eof, err := copyOnce(dst, src, *bp, idle, last)
+		n += int64(m)
+		if err != nil || eof {
+			bufPool.Put(bp)
+			return n, err
+		}
+		if m == len(*bp) {
+			break
+		}
+	}
+	bufPool.Put(bp)
+	m, err := spliceCopy(dst, src, -1, idle, last)
+	n += m
+	if errors.Is(err, errNoPipe) {
+		// Out of descriptors for a pipe: the tunnel still works,
+		// through user space.
+		m, err = copyLoop(dst, src, idle, last)
+		n += m
+	}
+	return n, err
 }
 
 // watchedCopy copies src to dst, writing through dst what it must see and

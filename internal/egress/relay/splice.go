@@ -117,6 +117,10 @@ func spliceCopy(dst, src *net.TCPConn, limit int64, idle time.Duration, last *at
 	return n, nil
 }
 
+// pipesMade counts the pipes made for splices, so tests can tell which
+// path a tunnel's bytes took.
+var pipesMade atomic.Int64
+
 // spliceSession is one direction's pipe, open only while bytes are in it.
 type spliceSession struct {
 	r, w int
@@ -140,6 +144,7 @@ func (p *spliceSession) fill(src, max int) (int, error) {
 			return 0, fmt.Errorf("%w: %w", errNoPipe, err)
 		}
 		p.r, p.w, p.open = fds[0], fds[1], true
+		pipesMade.Add(1)
 		// Best effort: a smaller pipe only means more calls.
 		_, _ = unix.FcntlInt(uintptr(p.w), unix.F_SETPIPE_SZ, spliceChunk)
 	}

@@ -173,6 +173,7 @@ func TestRelayWriteStall(t *testing.T) {
 // nothing.
 func TestSpliceHoldsNoPipes(t *testing.T) {
 	base := countFDs(t)
+	madeBefore := pipesMade.Load()
 	const tunnels = 20
 	type end struct{ client, server net.Conn }
 	var ends []end
@@ -185,15 +186,12 @@ func TestSpliceHoldsNoPipes(t *testing.T) {
 			_, _, err := Relay(a, b, 0)
 			done <- err
 		}()
-		// One exchange, so each direction has had a pipe once.
-		io.WriteString(client, "ping")
-		if _, err := io.ReadFull(server, make([]byte, 4)); err != nil {
-			t.Fatal(err)
-		}
-		io.WriteString(server, "pong")
-		if _, err := io.ReadFull(client, make([]byte, 4)); err != nil {
-			t.Fatal(err)
-		}
+		// One bulk transfer each way, so each direction has had a pipe.
+		bulk(t, client, server)
+		bulk(t, server, client)
+	}
+	if made := pipesMade.Load() - madeBefore; made < 2*tunnels {
+		t.Fatalf("%d pipes made for %d tunnels' bulk transfers, want one a direction at least", made, tunnels)
 	}
 	// Each tunnel holds four sockets here (both pairs are in this
 	// process); the pipes go once the tunnels have been quiet a moment.
@@ -213,6 +211,54 @@ func TestSpliceHoldsNoPipes(t *testing.T) {
 	}
 	if after := countFDs(t); after > base+2 {
 		t.Errorf("descriptors: %d before, %d after the tunnels ended", base, after)
+	}
+}
+
+// bulk writes 1 MiB to from and reads it whole at to.
+func bulk(t *testing.T, from, to net.Conn) {
+	t.Helper()
+	data := make([]byte, 1<<20)
+	go from.Write(data)
+	if _, err := io.ReadFull(to, data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSmallExchangesMakeNoPipe: request and response of a few hundred
+// bytes each go through user space, where a read and a write cost less
+// than a pipe; the first read that fills the buffer turns its direction to
+// splice.
+func TestSmallExchangesMakeNoPipe(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := Relay(a, b, 0)
+		done <- err
+	}()
+	before := pipesMade.Load()
+	req, resp := bytes.Repeat([]byte("q"), 300), bytes.Repeat([]byte("r"), 900)
+	for range 50 {
+		client.Write(req)
+		if _, err := io.ReadFull(server, make([]byte, len(req))); err != nil {
+			t.Fatal(err)
+		}
+		server.Write(resp)
+		if _, err := io.ReadFull(client, make([]byte, len(resp))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if made := pipesMade.Load() - before; made != 0 {
+		t.Fatalf("50 small exchanges made %d pipes, want none", made)
+	}
+	bulk(t, server, client)
+	if pipesMade.Load() == before {
+		t.Fatal("a 1 MiB download made no pipe: it was copied through user space")
+	}
+	client.Close()
+	server.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 
