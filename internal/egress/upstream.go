@@ -13,7 +13,7 @@ import (
 // before it could be identified. The connection is still refused, since
 // nothing can vouch for it, but with its own reason: it is a race with a
 // short-lived client, not an unknown binary.
-var ErrProcessExited = errors.New("the process that opened the connection exited before it could be identified")
+var ErrProcessExited = errors.New("the process that opened the connection closed it or exited before it could be identified")
 
 // UpstreamFailure reports whether reason says that the policy allowed a
 // connection but its destination could not be reached: the remedy is on
