@@ -4,12 +4,15 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // bufPool holds copy buffers; a direction holds one only while copying.
@@ -113,20 +116,17 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 // fills the buffer says more is queued, and from then on the kernel moves
 // the bytes.
 func bulkCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (int64, error) {
-	bp := bufPool.Get().(*[]byte)
 	var n int64
 	for {
-		m, eof, err := copyOnce(dst, src, *bp, idle, last)
+		m, full, err := copyBurst(dst, src, idle, last)
 		n += int64(m)
-		if err != nil || eof {
-			bufPool.Put(bp)
+		if err != nil || m == 0 {
 			return n, err
 		}
-		if m == len(*bp) {
+		if full {
 			break
 		}
 	}
-	bufPool.Put(bp)
 	m, err := spliceCopy(dst, src, -1, idle, last)
 	n += m
 	if errors.Is(err, errNoPipe) {
@@ -136,6 +136,74 @@ func bulkCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (in
 		n += m
 	}
 	return n, err
+}
+
+// copyBurst moves what one read of src returns to dst, with copyOnce's
+// deadlines, and reports whether it filled the buffer; n == 0 with a nil
+// error is src's EOF. The buffer is taken only once src has bytes, so a
+// quiet tunnel holds none, as a spliced one holds no pipe.
+func copyBurst(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (n int, full bool, err error) {
+	rs, err := src.SyscallConn()
+	if err != nil {
+		return 0, false, fmt.Errorf("relay: %w", err)
+	}
+	var bp *[]byte
+	defer func() {
+		if bp != nil {
+			bufPool.Put(bp)
+		}
+	}()
+	for {
+		if idle > 0 {
+			if err := src.SetReadDeadline(time.Now().Add(idle)); err != nil {
+				return 0, false, err
+			}
+		}
+		var nr int
+		var rerr error
+		err := rs.Read(func(fd uintptr) bool {
+			if bp == nil {
+				bp = bufPool.Get().(*[]byte)
+			}
+			for {
+				nr, rerr = unix.Read(int(fd), *bp)
+				if !errors.Is(rerr, unix.EINTR) {
+					break
+				}
+			}
+			if errors.Is(rerr, unix.EAGAIN) {
+				bufPool.Put(bp)
+				bp = nil
+				return false
+			}
+			return true
+		})
+		switch {
+		case err != nil:
+			if idle > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+				if time.Since(time.Unix(0, last.Load())) >= idle {
+					return 0, false, ErrIdle
+				}
+				continue
+			}
+			return 0, false, err
+		case rerr != nil:
+			return 0, false, opError("read", "read", src, rerr)
+		case nr == 0:
+			return 0, false, nil
+		}
+		last.Store(time.Now().UnixNano())
+		if idle > 0 {
+			if err := dst.SetWriteDeadline(time.Now().Add(idle)); err != nil {
+				return 0, false, err
+			}
+		}
+		nw, werr := dst.Write((*bp)[:nr])
+		if errors.Is(werr, os.ErrDeadlineExceeded) {
+			werr = ErrIdle
+		}
+		return nw, nr == len(*bp), werr
+	}
 }
 
 // watchedCopy copies src to dst, writing through dst what it must see and

@@ -84,7 +84,7 @@ func spliceCopy(dst, src *net.TCPConn, limit int64, idle time.Duration, last *at
 		case errors.Is(serr, errNoPipe):
 			return n, serr
 		case serr != nil:
-			return n, opError("read", src, serr)
+			return n, opError("read", "splice", src, serr)
 		case nr == 0:
 			return n, nil
 		}
@@ -102,7 +102,7 @@ func spliceCopy(dst, src *net.TCPConn, limit int64, idle time.Duration, last *at
 				return !errors.Is(werr, unix.EAGAIN)
 			})
 			if err == nil && werr != nil {
-				err = opError("write", dst, werr)
+				err = opError("write", "splice", dst, werr)
 			}
 			n += int64(nw)
 			nr -= nw
@@ -179,8 +179,8 @@ func (p *spliceSession) close() {
 	}
 }
 
-// opError gives a splice failure the shape a Read or Write on c would
+// opError gives a failed system call the shape a Read or Write on c would
 // have given it, so callers see the same errors on either path.
-func opError(op string, c net.Conn, err error) error {
-	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("splice", err)}
+func opError(op, call string, c net.Conn, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(call, err)}
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -175,21 +176,11 @@ func TestSpliceHoldsNoPipes(t *testing.T) {
 	base := countFDs(t)
 	madeBefore := pipesMade.Load()
 	const tunnels = 20
-	type end struct{ client, server net.Conn }
-	var ends []end
-	done := make(chan error, tunnels)
-	for range tunnels {
-		client, a := tcpPair(t)
-		b, server := tcpPair(t)
-		ends = append(ends, end{client, server})
-		go func() {
-			_, _, err := Relay(a, b, 0)
-			done <- err
-		}()
-		// One bulk transfer each way, so each direction has had a pipe.
+	// One bulk transfer each way, so each direction has had a pipe.
+	end := openTunnels(t, tunnels, func(client, server net.Conn) {
 		bulk(t, client, server)
 		bulk(t, server, client)
-	}
+	})
 	if made := pipesMade.Load() - madeBefore; made < 2*tunnels {
 		t.Fatalf("%d pipes made for %d tunnels' bulk transfers, want one a direction at least", made, tunnels)
 	}
@@ -202,13 +193,7 @@ func TestSpliceHoldsNoPipes(t *testing.T) {
 	if held := countFDs(t) - base; held > tunnels*4+2 {
 		t.Errorf("%d idle tunnels hold %d descriptors, want at most %d", tunnels, held, tunnels*4+2)
 	}
-	for _, e := range ends {
-		e.client.Close()
-		e.server.Close()
-	}
-	for range tunnels {
-		<-done
-	}
+	end()
 	if after := countFDs(t); after > base+2 {
 		t.Errorf("descriptors: %d before, %d after the tunnels ended", base, after)
 	}
@@ -381,5 +366,63 @@ func TestSpliceWithoutDescriptors(t *testing.T) {
 	}
 	if reply, _ := io.ReadAll(client); string(reply) != "done" {
 		t.Fatalf("client got %q", reply)
+	}
+}
+
+// TestQuietTunnelsHoldNoBuffers: a direction waiting for bytes holds no
+// copy buffer, as it holds no pipe, so a thousand open, quiet tunnels cost
+// their sockets and goroutines, not 64 KiB each.
+func TestQuietTunnelsHoldNoBuffers(t *testing.T) {
+	const tunnels = 200
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse
+	}
+	before := heap()
+	// One small exchange, so each direction has copied once.
+	end := openTunnels(t, tunnels, func(client, server net.Conn) {
+		io.WriteString(client, "ping")
+		if _, err := io.ReadFull(server, make([]byte, 4)); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(server, "pong")
+		if _, err := io.ReadFull(client, make([]byte, 4)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// Held buffers would be 2×32 KiB a tunnel, 12.5 MiB in all; sockets
+	// and goroutines' bookkeeping come to a small part of that.
+	if grown := int64(heap()) - int64(before); grown > tunnels*16<<10 {
+		t.Errorf("%d quiet tunnels grew the heap by %d KiB, want under %d KiB: buffers held while waiting", tunnels, grown>>10, tunnels*16)
+	}
+	end()
+}
+
+// openTunnels relays n client-server pairs, runs exchange on each, and
+// returns a func that closes both ends of every tunnel and waits for its
+// relay to end.
+func openTunnels(t *testing.T, n int, exchange func(client, server net.Conn)) (end func()) {
+	t.Helper()
+	var ends []net.Conn
+	done := make(chan error, n)
+	for range n {
+		client, a := tcpPair(t)
+		b, server := tcpPair(t)
+		ends = append(ends, client, server)
+		go func() {
+			_, _, err := Relay(a, b, 0)
+			done <- err
+		}()
+		exchange(client, server)
+	}
+	return func() {
+		for _, c := range ends {
+			c.Close()
+		}
+		for range n {
+			<-done
+		}
 	}
 }
