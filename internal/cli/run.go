@@ -25,6 +25,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
 	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/linux/timerslack"
 	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/planner"
@@ -180,6 +181,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		}
 		return setupFailed(err)
 	}
+	slack := timerslack.WidenProcess()
 	var tr *trace.Tracer
 	if f.trace || os.Getenv(trace.Env) == "1" {
 		tr = trace.New(cmd.ErrOrStderr())
@@ -442,7 +444,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
-		Launcher: launcher,
+		Launcher: launcher, TimerSlack: slack,
 		Running: func() {
 			resumeGC()
 			log.Debug("set-up over: garbage collection resumed")

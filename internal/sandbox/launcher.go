@@ -11,6 +11,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/linux/capture"
 	"github.com/corral-sandbox/corral/internal/linux/netthread"
+	"github.com/corral-sandbox/corral/internal/linux/timerslack"
 	"github.com/corral-sandbox/corral/internal/policy"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/trace"
@@ -135,6 +136,9 @@ func (l *launcher) run(tr *trace.Tracer) {
 	}
 	select {
 	case r := <-l.launch:
+		// The init inherits this thread's slack; rootless, nothing else
+		// could have widened it (timerslack.WidenProcess).
+		_ = timerslack.Set(timerslack.Wide)
 		if err := r.cmd.Start(); err != nil {
 			r.started <- err
 			return

@@ -91,6 +91,10 @@ type Options struct {
 	// Launcher, when set, was started ahead of the run (StartLauncher);
 	// Run stops it whatever happens.
 	Launcher *Launcher
+	// TimerSlack is the timer slack corral was started with, which the
+	// workload gets back from the wider one corral's own threads and the
+	// init run with (timerslack); 0 leaves it what it inherits.
+	TimerSlack uint64
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
@@ -300,7 +304,8 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, errors.New("the seccomp filter hands connects to the supervisor, but this sandbox has no network capture to record them for")
 	}
 	cfg := &initproc.Config{Plan: s.Plan.ForInit(), Argv: s.Argv, Env: s.Env, Terminal: term.fds(), RootDir: s.run_.root(),
-		Seccomp: filter, SeccompListener: listen, PidsMax: pidsMax != nil, NetworkReady: ln.prepares, Trace: clock}
+		Seccomp: filter, SeccompListener: listen, PidsMax: pidsMax != nil, NetworkReady: ln.prepares, Trace: clock,
+		TimerSlack: s.TimerSlack}
 	if err := initproc.Send(sup, initproc.Message{Type: initproc.MsgConfig, Config: cfg}); err != nil {
 		return ExitSetupFailed, fmt.Errorf("send config to sandbox init: %w", err)
 	}

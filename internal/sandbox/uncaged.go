@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/audit"
+	"github.com/corral-sandbox/corral/internal/linux/timerslack"
 )
 
 // runUncaged runs the command with no isolation at all. It still enforces
@@ -25,7 +26,7 @@ func runUncaged(ctx context.Context, o Options, sigs <-chan os.Signal) (int, err
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = o.Stdin, o.Stdout, o.Stderr
 	// Its own process group, so the walltime kills everything it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := timerslack.StartWith(o.TimerSlack, cmd.Start); err != nil {
 		code := 126
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			code = 127

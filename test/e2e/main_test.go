@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+
+	"github.com/corral-sandbox/corral/internal/linux/timerslack"
 )
 
 var (
@@ -345,6 +347,8 @@ type runOpts struct {
 	stdio []*os.File
 	// umask, when set, is corral's umask (e.g. "077").
 	umask string
+	// timerSlack, when set, is the timer slack corral starts with.
+	timerSlack uint64
 }
 
 type result struct {
@@ -507,7 +511,7 @@ func startCorral(t *testing.T, fx *fixture, o runOpts) *proc {
 		if o.stdio != nil {
 			cmd.Stdin, cmd.Stdout, cmd.Stderr = o.stdio[0], o.stdio[1], o.stdio[2]
 		}
-		if err := cmd.Start(); err != nil {
+		if err := timerslack.StartWith(o.timerSlack, cmd.Start); err != nil {
 			cancel()
 			t.Fatalf("start corral: %v", err)
 		}

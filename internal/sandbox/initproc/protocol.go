@@ -70,6 +70,10 @@ type Config struct {
 	// Trace, set when corral run --trace, puts each stage's start-up
 	// steps on the supervisor's timeline.
 	Trace *trace.Clock `json:"trace,omitempty"`
+	// TimerSlack is the slack the workload is forked with: the one corral
+	// was started with, where the init runs with a wider one (timerslack).
+	// 0 leaves it the init's.
+	TimerSlack uint64 `json:"timer_slack,omitempty"`
 }
 
 // Message is one message of the sync protocol: one SEQPACKET datagram

@@ -11,8 +11,8 @@ import (
 func (z *Config) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(10)
-	var zb0001Mask uint16 /* 10 bits */
+	zb0001Len := uint32(11)
+	var zb0001Mask uint16 /* 11 bits */
 	_ = zb0001Mask
 	if z.SeccompListener == false {
 		zb0001Len--
@@ -29,6 +29,10 @@ func (z *Config) MarshalMsg(b []byte) (o []byte, err error) {
 	if z.Trace == nil {
 		zb0001Len--
 		zb0001Mask |= 0x200
+	}
+	if z.TimerSlack == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x400
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -93,6 +97,11 @@ func (z *Config) MarshalMsg(b []byte) (o []byte, err error) {
 					return
 				}
 			}
+		}
+		if (zb0001Mask & 0x400) == 0 { // if not omitted
+			// string "timer_slack"
+			o = append(o, 0xab, 0x74, 0x69, 0x6d, 0x65, 0x72, 0x5f, 0x73, 0x6c, 0x61, 0x63, 0x6b)
+			o = msgp.AppendUint64(o, z.TimerSlack)
 		}
 	}
 	return
@@ -225,6 +234,12 @@ func (z *Config) UnmarshalMsg(bts []byte) (o []byte, err error) {
 					return
 				}
 			}
+		case "timer_slack":
+			z.TimerSlack, bts, err = msgp.ReadUint64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "TimerSlack")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -253,6 +268,7 @@ func (z *Config) Msgsize() (s int) {
 	} else {
 		s += z.Trace.Msgsize()
 	}
+	s += 12 + msgp.Uint64Size
 	return
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/linux/landlock"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp/filter"
+	"github.com/corral-sandbox/corral/internal/linux/timerslack"
 	"github.com/corral-sandbox/corral/internal/plan"
 	"github.com/corral-sandbox/corral/internal/trace"
 )
@@ -51,6 +52,14 @@ func startWorkload(cfg *Config, stdio []*os.File, tr *trace.Tracer) (int, int, *
 		return 0, -1, asStepErr("find command", err)
 	}
 	tr.Step("init: command found")
+	// The workload is forked from this thread and inherits its slack; the
+	// init's own is corral's wider one. Set before the seccomp filter,
+	// which need not allow it.
+	if cfg.TimerSlack > 0 {
+		if err := timerslack.Set(cfg.TimerSlack); err != nil {
+			return 0, -1, stepErr("give the workload corral's timer slack", err)
+		}
+	}
 	if err := narrowInherited(); err != nil {
 		return 0, -1, stepErr("drop privileges", err)
 	}
