@@ -14,6 +14,8 @@
 #                                # a slow spell of a noisy machine hits every command
 #   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
 #   AS_USER=nobody bench/startup.sh  # rootless: both run as that user (setpriv)
+#   SWITCHES=30 bench/startup.sh # also context switches and CPU time per run,
+#                                # means over 30 more runs (perf stat; the base too)
 #
 # It also times the sandbox's init program alone, exec to exit doing
 # nothing (it finds no supervisor and exits 125): the start of one Go
@@ -131,6 +133,22 @@ jq -rs '
     "init alone, one Go program started and ended: mean \($r["init-alone"].mean | ms) ms (median \($r["init-alone"].median | ms) ms); corral starts two",
     "runs per command: \($r.corral.n) in \('"$rounds"') round(s)"
 ' "$work"/result-*.json
+
+if [ "${SWITCHES:-0}" -gt 0 ]; then
+	# What a run costs the machine besides its time: every context switch
+	# takes a core from the set-up for a moment. perf stat counts corral's
+	# whole tree (supervisor, init, workload).
+	command -v perf >/dev/null || { echo "bench/startup.sh: SWITCHES needs perf (apt-get install linux-perf)" >&2; exit 2; }
+	switches() {
+		perf stat -x, -e context-switches,task-clock -r "$SWITCHES" $2 2>&1 >/dev/null |
+			awk -F, -v name="$1" -v n="$SWITCHES" '
+				$3 == "context-switches" { cs = $1 }
+				$3 == "task-clock" { cpu = $1 }
+				END { printf "%s: %.0f context switches, %.1f ms of CPU per run (perf stat, mean of %d)\n", name, cs, cpu, n }'
+	}
+	switches corral "$corral"
+	[ -z "${CORRAL_BASE:-}" ] || switches base "$base"
+fi
 
 if [ "${TRACE:-0}" -gt 0 ]; then
 	# Where the time goes: each step's median over TRACE more runs, when
