@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -116,9 +117,13 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 // fills the buffer says more is queued, and from then on the kernel moves
 // the bytes.
 func bulkCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	rs, err := src.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("relay: %w", err)
+	}
 	var n int64
 	for {
-		m, full, err := copyBurst(dst, src, idle, last)
+		m, full, err := copyBurst(dst, src, rs, idle, last)
 		n += int64(m)
 		if err != nil || m == 0 {
 			return n, err
@@ -138,15 +143,12 @@ func bulkCopy(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (in
 	return n, err
 }
 
-// copyBurst moves what one read of src returns to dst, with copyOnce's
-// deadlines, and reports whether it filled the buffer; n == 0 with a nil
-// error is src's EOF. The buffer is taken only once src has bytes, so a
-// quiet tunnel holds none, as a spliced one holds no pipe.
-func copyBurst(dst, src *net.TCPConn, idle time.Duration, last *atomic.Int64) (n int, full bool, err error) {
-	rs, err := src.SyscallConn()
-	if err != nil {
-		return 0, false, fmt.Errorf("relay: %w", err)
-	}
+// copyBurst moves what one read of src (rs its raw connection) returns to
+// dst, with copyOnce's deadlines, and reports whether it filled the
+// buffer; n == 0 with a nil error is src's EOF. The buffer is taken only
+// once src has bytes, so a quiet tunnel holds none, as a spliced one holds
+// no pipe.
+func copyBurst(dst, src *net.TCPConn, rs syscall.RawConn, idle time.Duration, last *atomic.Int64) (n int, full bool, err error) {
 	var bp *[]byte
 	defer func() {
 		if bp != nil {
