@@ -4,12 +4,12 @@
 // threads from a timed sleep. The Go runtime's monitor thread sleeps
 // 20 µs at a time while the program is busy, and with the kernel's
 // default slack of 50 µs that made it the most frequent cause of context
-// switches in a sandbox's start (about a third of them), each one taking a
-// core from the start's own work on a small machine. A slack of a couple
-// of milliseconds lets the kernel batch those wake-ups; nothing in corral
-// waits on a timer for less. The workload must not inherit it: the init
-// puts back, on the thread it forks the workload from, the slack corral
-// was started with.
+// switches in a sandbox's start (close to half of them, `SWITCHES=30
+// bench/startup.sh`), each one taking a core from the start's own work on
+// a small machine. A slack of a couple of milliseconds lets the kernel
+// batch those wake-ups; what corral waits for on a timer can be that late.
+// The workload must not inherit it: the init puts back, on the thread it
+// forks the workload from, the slack corral was started with.
 package timerslack
 
 import (
