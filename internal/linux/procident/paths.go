@@ -78,20 +78,32 @@ func (r *Resolver) cmdlinePaths(pid int, exe string) ([]string, error) {
 	// canonical form: walking it would find no link to follow. Only a path
 	// that does meet one (or does not open) is walked component by
 	// component.
-	p, f, err := script, (*os.File)(nil), error(unix.ELOOP)
+	p, pfd, err := script, -1, error(unix.ELOOP)
+	var st unix.Stat_t
 	if path.Clean(p) == p {
-		f, err = openRegular(rootfd, p)
+		pfd, err = openRegular(rootfd, p, &st)
 	}
 	if err != nil {
 		if p, err = resolveInRoot(rootfd, script); err != nil {
 			return nil, nil
 		}
-		if f, err = openRegular(rootfd, p); err != nil {
+		if pfd, err = openRegular(rootfd, p, &st); err != nil {
 			return nil, nil // not a regular file in the sandbox: not a script
 		}
 	}
-	defer f.Close()
-	if _, err := r.verify(p, f, true); err != nil {
+	defer unix.Close(pfd)
+	var f *os.File
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	readable := func() (*os.File, error) {
+		var err error
+		f, err = reopen(pfd, p)
+		return f, err
+	}
+	if _, err := r.verify(p, &st, readable, true); err != nil {
 		return nil, err
 	}
 	return []string{p}, nil
@@ -163,33 +175,38 @@ func readlinkat(dirfd int, p string) (string, error) {
 	return string(buf[:n]), nil
 }
 
-// openRegular opens the canonical path p for reading, confined to rootfd
+// openRegular opens the canonical path p with O_PATH, confined to rootfd
 // and refusing any symlink, so a path swapped since resolveInRoot fails
-// instead of leading elsewhere. It first opens with O_PATH and checks the
-// type: opening a device or FIFO for reading can block or have side
-// effects, and the supervisor is root.
-func openRegular(rootfd int, p string) (*os.File, error) {
+// instead of leading elsewhere, and fills st. Only a regular file is
+// opened: opening a device or FIFO for reading (reopen) can block or have
+// side effects, and the supervisor is root.
+func openRegular(rootfd int, p string, st *unix.Stat_t) (int, error) {
 	how := unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	}
 	pfd, err := unix.Openat2(rootfd, rel(p), &how)
 	if err != nil {
-		return nil, err
+		return -1, err
 	}
-	defer unix.Close(pfd)
-	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil {
-		return nil, err
+	if err := unix.Fstat(pfd, st); err != nil {
+		unix.Close(pfd)
+		return -1, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, errors.New("not a regular file")
+		unix.Close(pfd)
+		return -1, errors.New("not a regular file")
 	}
-	// Re-opening the O_PATH descriptor through /proc/self/fd reaches the
-	// very inode just checked, with no second path walk.
+	return pfd, nil
+}
+
+// reopen opens the file an O_PATH descriptor from openRegular holds for
+// reading. Going through /proc/self/fd reaches the very inode checked,
+// with no second path walk.
+func reopen(pfd int, name string) (*os.File, error) {
 	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, err
 	}
-	return os.NewFile(uintptr(fd), p), nil
+	return os.NewFile(uintptr(fd), name), nil
 }

@@ -485,7 +485,11 @@ func (r *Resolver) exeIdentity(pid int) (string, string, error) {
 		return "", "", fmt.Errorf("procident: open executable of pid %d: %w", pid, err)
 	}
 	defer f.Close()
-	sum, err := r.verify(path, f, false)
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return "", "", fmt.Errorf("procident: stat executable of pid %d: %w", pid, err)
+	}
+	sum, err := r.verify(path, &st, func() (*os.File, error) { return f, nil }, false)
 	if err != nil {
 		return "", "", err
 	}

@@ -470,13 +470,22 @@ func TestResolveInRoot(t *testing.T) {
 	if _, err := resolveInRoot(fd, "/usr/bin/missing"); err == nil {
 		t.Error("missing file resolved")
 	}
-	f, err := openRegular(fd, "/usr/lib/tool/cli.js")
+	var st unix.Stat_t
+	pfd, err := openRegular(fd, "/usr/lib/tool/cli.js", &st)
 	must(err)
+	f, err := reopen(pfd, "cli.js")
+	must(err)
+	var fst unix.Stat_t
+	must(unix.Fstat(int(f.Fd()), &fst))
+	if fst.Ino != st.Ino || fst.Dev != st.Dev {
+		t.Error("reopen reached another file than the one openRegular checked")
+	}
 	f.Close()
-	if _, err := openRegular(fd, "/usr/bin/tool"); err == nil {
+	unix.Close(pfd)
+	if _, err := openRegular(fd, "/usr/bin/tool", &st); err == nil {
 		t.Error("openRegular followed a symlink")
 	}
-	if _, err := openRegular(fd, "/usr/lib"); err == nil {
+	if _, err := openRegular(fd, "/usr/lib", &st); err == nil {
 		t.Error("openRegular opened a directory")
 	}
 }

@@ -33,19 +33,18 @@ type trustEntry struct {
 	sum string // hex SHA-256 first seen at this path
 }
 
-// verify returns the hex SHA-256 of f, recorded as the content of path
-// (the path the sandbox sees). The first hash seen for a path is trusted;
-// later the file is re-hashed only when its fingerprint changes, and a
-// different hash is an *egress.IntegrityError. With optional set, a file
-// too large to hash is reported with an empty hash instead of being read.
+// verify returns the hex SHA-256 of a file, recorded as the content of
+// path (the path the sandbox sees). The first hash seen for a path is
+// trusted; later the file is re-hashed only when its fingerprint changes,
+// and a different hash is an *egress.IntegrityError. With optional set, a
+// file too large to hash is reported with an empty hash instead of being
+// read.
 //
-// f is opened by the caller, and the fingerprint taken from f itself, so
-// the file hashed is the file fingerprinted even if the path is swapped.
-func (r *Resolver) verify(path string, f *os.File, optional bool) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return "", fmt.Errorf("procident: stat %s: %w", path, err)
-	}
+// st is the stat of a descriptor the caller holds, and open gives that
+// same file for reading (the caller closes it), called only when the
+// content must be hashed: the file hashed is the file fingerprinted even
+// if the path is swapped, and a known file costs no open.
+func (r *Resolver) verify(path string, st *unix.Stat_t, open func() (*os.File, error), optional bool) (string, error) {
 	fp := fingerprint{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 	r.trustMu.Lock()
 	e, seen := r.trusted[path]
@@ -58,6 +57,10 @@ func (r *Resolver) verify(path string, f *os.File, optional bool) (string, error
 	}
 	// Hash outside the lock: a large binary takes a while, and other
 	// connections should not wait for it.
+	f, err := open()
+	if err != nil {
+		return "", fmt.Errorf("procident: open %s: %w", path, err)
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<62)); err != nil {
 		return "", fmt.Errorf("procident: hash %s: %w", path, err)
