@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 
+	_ "github.com/corral-sandbox/corral/internal/linux/prefault"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc/netsetup"
 )

@@ -7,6 +7,7 @@ import (
 	"runtime"
 
 	"github.com/corral-sandbox/corral/internal/cli"
+	_ "github.com/corral-sandbox/corral/internal/linux/prefault"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc"
 	"github.com/corral-sandbox/corral/internal/sandbox/initproc/netsetup"
 )

@@ -1,0 +1,72 @@
+//go:build linux
+
+package prefault
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestCodeIsMapped: by the time tests run, this binary's whole text is
+// resident in its address space, code no test has run included.
+func TestCodeIsMapped(t *testing.T) {
+	segs := codeSegments()
+	if len(segs) == 0 {
+		t.Fatal("no executable segment found through the auxiliary vector")
+	}
+	pc := reflect.ValueOf(TestCodeIsMapped).Pointer()
+	inside := false
+	for _, s := range segs {
+		inside = inside || (s[0] <= pc && pc < s[1])
+	}
+	if !inside {
+		t.Fatalf("this test's code at %#x is in none of the segments %#x", pc, segs)
+	}
+	// A kernel without MADV_POPULATE_READ refuses it; then nothing is
+	// expected.
+	if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, segs[0][0], 4096, madvPopulateRead); errno != 0 {
+		t.Skipf("MADV_POPULATE_READ: %v (Linux 5.14 or later)", errno)
+	}
+	size, rss := mapping(t, pc)
+	if rss < size {
+		t.Fatalf("the text mapping holding %#x has %d of its %d kB resident, want all", pc, rss, size)
+	}
+}
+
+// mapping returns the size and resident size, in kB, of the mapping that
+// holds addr.
+func mapping(t *testing.T, addr uintptr) (size, rss int) {
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		// A mapping's first line is its range, "lo-hi perms ...".
+		if fields := strings.Fields(line); len(fields) > 0 && strings.Contains(fields[0], "-") {
+			if in {
+				break
+			}
+			var lo, hi uintptr
+			fmt.Sscanf(fields[0], "%x-%x", &lo, &hi)
+			in = lo <= addr && addr < hi
+			continue
+		}
+		if in {
+			fmt.Sscanf(line, "Size: %d kB", &size)
+			fmt.Sscanf(line, "Rss: %d kB", &rss)
+		}
+	}
+	if size == 0 {
+		t.Fatalf("no mapping in /proc/self/smaps holds %#x", addr)
+	}
+	return size, rss
+}
