@@ -4,11 +4,11 @@
 // one system call as the program starts, instead of one page fault at a
 // time as its code first runs. On the small virtual machines corral is
 // measured on a page fault costs tens of microseconds, and a Go program's
-// package initialisation runs code scattered over its whole text: for
-// corral, about 60 of a start's faults and 1.5–2 ms (`perf stat corral
-// version`; `bench/startup.sh` against a build without it). Mapping the
-// whole text (6 MB for corral, already in the page cache) takes a fraction
-// of a millisecond.
+// package initialisation runs code scattered over its whole text, a fault
+// for each new stretch of it (`perf stat -e page-faults corral version`
+// counts them). Mapping the whole text at once (6 MB for corral, already
+// in the page cache) costs less than the faults it saves;
+// `bench/startup.sh` with CORRAL_BASE compares builds with and without it.
 //
 // Importing it is enough; it runs among the first packages initialised,
 // since it needs nothing but syscall. Kernels before 5.14 lack
