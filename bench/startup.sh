@@ -14,7 +14,7 @@
 #                                # a slow spell of a noisy machine hits every command
 #   TRACE=5 bench/startup.sh     # also each start-up step's median over 5 traced runs
 #   AS_USER=nobody bench/startup.sh  # rootless: both run as that user (setpriv)
-#   SWITCHES=30 bench/startup.sh # also context switches and CPU time per run,
+#   SWITCHES=30 bench/startup.sh # also context switches, page faults and CPU time per run,
 #                                # means over 30 more runs (perf stat; the base too)
 #
 # It also times the sandbox's init program alone, exec to exit doing
@@ -136,15 +136,17 @@ jq -rs '
 
 if [ "${SWITCHES:-0}" -gt 0 ]; then
 	# What a run costs the machine besides its time: every context switch
-	# takes a core from the set-up for a moment. perf stat counts corral's
-	# whole tree (supervisor, init, workload).
+	# takes a core from the set-up for a moment, and on a virtual machine
+	# every page fault costs tens of microseconds. perf stat counts
+	# corral's whole tree (supervisor, init, workload).
 	command -v perf >/dev/null || { echo "bench/startup.sh: SWITCHES needs perf (apt-get install linux-perf)" >&2; exit 2; }
 	switches() {
-		perf stat -x, -e context-switches,task-clock -r "$SWITCHES" $2 2>&1 >/dev/null |
+		perf stat -x, -e context-switches,page-faults,task-clock -r "$SWITCHES" $2 2>&1 >/dev/null |
 			awk -F, -v name="$1" -v n="$SWITCHES" '
 				$3 == "context-switches" { cs = $1 }
+				$3 == "page-faults" { pf = $1 }
 				$3 == "task-clock" { cpu = $1 }
-				END { printf "%s: %.0f context switches, %.1f ms of CPU per run (perf stat, mean of %d)\n", name, cs, cpu, n }'
+				END { printf "%s: %.0f context switches, %.0f page faults, %.1f ms of CPU per run (perf stat, mean of %d)\n", name, cs, pf, cpu, n }'
 	}
 	switches corral "$corral"
 	[ -z "${CORRAL_BASE:-}" ] || switches base "$base"

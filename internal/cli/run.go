@@ -25,6 +25,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/egress/decide/userrules"
 	"github.com/corral-sandbox/corral/internal/inference"
 	"github.com/corral-sandbox/corral/internal/l7/secrets"
+	"github.com/corral-sandbox/corral/internal/linux/prefault"
 	"github.com/corral-sandbox/corral/internal/linux/timerslack"
 	"github.com/corral-sandbox/corral/internal/netclass"
 	"github.com/corral-sandbox/corral/internal/plan"
@@ -182,6 +183,9 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		return setupFailed(err)
 	}
 	slack := timerslack.WidenProcess()
+	// A sandbox's start grows the heap by a few megabytes, a page fault
+	// per page otherwise.
+	prefault.Heap(4 << 20)
 	var tr *trace.Tracer
 	if f.trace || os.Getenv(trace.Env) == "1" {
 		tr = trace.New(cmd.ErrOrStderr())

@@ -20,8 +20,11 @@ import (
 	"unsafe"
 )
 
-// madvPopulateRead is MADV_POPULATE_READ (Linux 5.14).
-const madvPopulateRead = 22
+// MADV_POPULATE_READ and _WRITE (Linux 5.14).
+const (
+	madvPopulateRead  = 22
+	madvPopulateWrite = 23
+)
 
 // elfPhdr is an ELF64 program header.
 type elfPhdr struct {
@@ -70,4 +73,27 @@ func codeSegments() [][2]uintptr {
 		}
 	}
 	return segs
+}
+
+// heapProbe holds an object Heap allocates to find the heap; a package
+// variable, so that the object is on the heap and not the stack.
+var heapProbe *[64]byte
+
+// heapChunk is the granularity in which the Go runtime maps its heap in
+// (pallocChunkBytes), so the stretch a new object lies in starts at a
+// multiple of it.
+const heapChunk = 4 << 20
+
+// Heap maps in n bytes of the Go heap's stretch that new objects are
+// being placed in, from its start, at once: a short-lived program such as
+// corral run otherwise takes a page fault for each new page its heap
+// grows into, hundreds in a sandbox's start. What the heap has not mapped
+// yet is left alone (the kernel stops there), and pages mapped in but
+// never used only count towards the process's resident size, which n
+// bounds.
+func Heap(n uintptr) {
+	heapProbe = new([64]byte)
+	start := uintptr(unsafe.Pointer(heapProbe)) &^ (heapChunk - 1)
+	heapProbe = nil
+	_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, start, n, madvPopulateWrite)
 }

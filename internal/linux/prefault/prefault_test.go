@@ -10,6 +10,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCodeIsMapped: by the time tests run, this binary's whole text is
@@ -69,4 +72,34 @@ func mapping(t *testing.T, addr uintptr) (size, rss int) {
 		t.Fatalf("no mapping in /proc/self/smaps holds %#x", addr)
 	}
 	return size, rss
+}
+
+// TestHeapIsMapped: after Heap(n), the first n bytes of the heap stretch
+// new objects go to are resident, far more than this test binary has
+// used of it.
+func TestHeapIsMapped(t *testing.T) {
+	const n = 4 << 20
+	page, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(page)
+	if err := unix.Madvise(page, madvPopulateWrite); err != nil {
+		t.Skipf("MADV_POPULATE_WRITE: %v (Linux 5.14 or later)", err)
+	}
+	Heap(n)
+	heapProbe = new([64]byte)
+	start := uintptr(unsafe.Pointer(heapProbe)) &^ (heapChunk - 1)
+	heapProbe = nil
+	vec := make([]byte, n/4096)
+	if _, _, errno := syscall.Syscall(syscall.SYS_MINCORE, start, n, uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatalf("mincore: %v", errno)
+	}
+	resident := 0
+	for _, v := range vec {
+		resident += int(v & 1)
+	}
+	if resident != len(vec) {
+		t.Fatalf("%d of the heap's first %d pages resident after Heap, want all", resident, len(vec))
+	}
 }
