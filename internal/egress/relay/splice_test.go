@@ -214,37 +214,28 @@ func bulk(t *testing.T, from, to net.Conn) {
 // than a pipe; the first read that fills the buffer turns its direction to
 // splice.
 func TestSmallExchangesMakeNoPipe(t *testing.T) {
-	client, a := tcpPair(t)
-	b, server := tcpPair(t)
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := Relay(a, b, 0)
-		done <- err
-	}()
-	before := pipesMade.Load()
-	req, resp := bytes.Repeat([]byte("q"), 300), bytes.Repeat([]byte("r"), 900)
-	for range 50 {
-		client.Write(req)
-		if _, err := io.ReadFull(server, make([]byte, len(req))); err != nil {
-			t.Fatal(err)
+	end := openTunnels(t, 1, func(client, server net.Conn) {
+		before := pipesMade.Load()
+		req, resp := bytes.Repeat([]byte("q"), 300), bytes.Repeat([]byte("r"), 900)
+		for range 50 {
+			client.Write(req)
+			if _, err := io.ReadFull(server, make([]byte, len(req))); err != nil {
+				t.Fatal(err)
+			}
+			server.Write(resp)
+			if _, err := io.ReadFull(client, make([]byte, len(resp))); err != nil {
+				t.Fatal(err)
+			}
 		}
-		server.Write(resp)
-		if _, err := io.ReadFull(client, make([]byte, len(resp))); err != nil {
-			t.Fatal(err)
+		if made := pipesMade.Load() - before; made != 0 {
+			t.Fatalf("50 small exchanges made %d pipes, want none", made)
 		}
-	}
-	if made := pipesMade.Load() - before; made != 0 {
-		t.Fatalf("50 small exchanges made %d pipes, want none", made)
-	}
-	bulk(t, server, client)
-	if pipesMade.Load() == before {
-		t.Fatal("a 1 MiB download made no pipe: it was copied through user space")
-	}
-	client.Close()
-	server.Close()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+		bulk(t, server, client)
+		if pipesMade.Load() == before {
+			t.Fatal("a 1 MiB download made no pipe: it was copied through user space")
+		}
+	})
+	end()
 }
 
 func countFDs(t *testing.T) int {
