@@ -75,25 +75,25 @@ func codeSegments() [][2]uintptr {
 	return segs
 }
 
-// heapProbe holds an object Heap allocates to find the heap; a package
-// variable, so that the object is on the heap and not the stack.
-var heapProbe *[64]byte
+// heapProbe holds the object Heap allocates to find where the heap grows;
+// a package variable, so that it is on the heap and not the stack.
+var heapProbe []byte
 
-// heapChunk is the granularity in which the Go runtime maps its heap in
-// (pallocChunkBytes), so the stretch a new object lies in starts at a
-// multiple of it.
-const heapChunk = 4 << 20
+// probeBytes is the size of that object: large enough to get pages of its
+// own, which the runtime takes from the lowest free address, the heap's
+// frontier while nothing has been freed (corral run defers garbage
+// collection during set-up).
+const probeBytes = 64 << 10
 
-// Heap maps in n bytes of the Go heap's stretch that new objects are
-// being placed in, from its start, at once: a short-lived program such as
-// corral run otherwise takes a page fault for each new page its heap
-// grows into, hundreds in a sandbox's start. What the heap has not mapped
-// yet is left alone (the kernel stops there), and pages mapped in but
-// never used only count towards the process's resident size, which n
-// bounds.
+// Heap maps in n bytes of the Go heap from where it is growing, at once: a
+// short-lived program such as corral run otherwise takes a page fault for
+// each new page its heap grows into, hundreds in a sandbox's start. What
+// the runtime has not mapped yet is left alone (the kernel stops there),
+// and pages mapped in but never used count towards the process's resident
+// size, which n bounds.
 func Heap(n uintptr) {
-	heapProbe = new([64]byte)
-	start := uintptr(unsafe.Pointer(heapProbe)) &^ (heapChunk - 1)
+	heapProbe = make([]byte, probeBytes)
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(heapProbe))) &^ 4095
 	heapProbe = nil
 	_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, start, n, madvPopulateWrite)
 }
