@@ -85,15 +85,16 @@ var heapProbe []byte
 // collection during set-up).
 const probeBytes = 64 << 10
 
-// Heap maps in n bytes of the Go heap from where it is growing, at once: a
-// short-lived program such as corral run otherwise takes a page fault for
-// each new page its heap grows into, hundreds in a sandbox's start. What
-// the runtime has not mapped yet is left alone (the kernel stops there),
-// and pages mapped in but never used count towards the process's resident
-// size, which n bounds.
-func Heap(n uintptr) {
+// Heap maps in n bytes of the Go heap from where it is growing, at once,
+// and returns the address it began at: a short-lived program such as
+// corral run otherwise takes a page fault for each new page its heap grows
+// into, hundreds in a sandbox's start. What the runtime has not mapped yet
+// is left alone (the kernel stops there), and pages mapped in but never
+// used count towards the process's resident size, which n bounds.
+func Heap(n uintptr) (start uintptr) {
 	heapProbe = make([]byte, probeBytes)
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(heapProbe))) &^ 4095
+	start = uintptr(unsafe.Pointer(unsafe.SliceData(heapProbe))) &^ 4095
 	heapProbe = nil
 	_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, start, n, madvPopulateWrite)
+	return start
 }
