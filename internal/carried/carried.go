@@ -163,12 +163,8 @@ func ownedDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	st, err := os.Lstat(dir)
-	if err != nil {
+	if err := statedir.OwnedDir(dir, 0o077); err != nil {
 		return fmt.Errorf("program directory: %w", err)
 	}
-	if !st.IsDir() {
-		return fmt.Errorf("program directory %s is not a directory", dir)
-	}
-	return statedir.Owned(dir, st, 0o077)
+	return nil
 }

@@ -38,6 +38,19 @@ func Owned(path string, st fs.FileInfo, forbidden fs.FileMode) error {
 	return nil
 }
 
+// OwnedDir checks the directory at dir as Owned does; a dir that is missing
+// is an error wrapping fs.ErrNotExist, and a symlink is not a directory.
+func OwnedDir(dir string, forbidden fs.FileMode) error {
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory: remove it and let corral make it again", dir)
+	}
+	return Owned(dir, st, forbidden)
+}
+
 // Default is /var/lib/corral for root and $XDG_STATE_HOME/corral
 // (~/.local/state/corral) for everyone else.
 func Default() string {

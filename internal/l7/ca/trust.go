@@ -268,22 +268,13 @@ func openKept(path, password string, buf []byte) (*keptStore, int, error) {
 // errNotOurs marks a directory of kept stores that is not corral's own.
 var errNotOurs = errors.New("not corral's own")
 
-// ownDir checks dir, if it exists, as statedir.Owned does.
+// ownDir checks dir, if it exists, as statedir.OwnedDir does.
 func ownDir(dir string) error {
-	st, err := os.Lstat(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	if err == nil && !st.IsDir() {
-		err = fmt.Errorf("%s is not a directory", dir)
-	}
-	if err == nil {
-		err = statedir.Owned(dir, st, 0o022)
-	}
-	if err != nil {
+	err := statedir.OwnedDir(dir, 0o022)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %w", errNotOurs, err)
 	}
-	return nil
+	return err
 }
 
 // jksDigest starts a store's digest.
