@@ -285,4 +285,37 @@ func TestTrustStoreTrustsOnlyItsOwn(t *testing.T) {
 	if entries, _ := os.ReadDir(open); len(entries) != 1 {
 		t.Errorf("corral wrote into a directory others can write: %d entries", len(entries))
 	}
+
+	// A symlink in the directory's place, even to a directory that would
+	// pass, is not it: whoever placed the link chose what it reaches.
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(open, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	got.Reset()
+	if err := TrustStore(&got, "changeit", link, roots, own); !errors.Is(err, ErrNotKept) || !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Errorf("a store reached through a symlinked directory was used (err %v)", err)
+	}
+
+	// As root: a store another uid owns, however its mode, is not used.
+	if os.Geteuid() == 0 {
+		theirs := filepath.Join(t.TempDir(), "theirs")
+		if err := os.Mkdir(theirs, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		store := filepath.Join(theirs, name)
+		if err := os.WriteFile(store, stand.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(store, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		got.Reset()
+		if err := TrustStore(&got, "changeit", theirs, roots, own); err != nil || !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Errorf("a kept store another uid owns was used (err %v)", err)
+		}
+	}
 }
