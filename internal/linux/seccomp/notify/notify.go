@@ -70,6 +70,10 @@ func Serve(fd int, done <-chan struct{}, handle func(Call)) error {
 		unix.Close(fd)
 		return fmt.Errorf("seccomp listener: %w", err)
 	}
+	// Each connect waits for this loop and this loop for it: the kernel
+	// may hand the core straight across in both directions (Linux 6.6;
+	// earlier kernels refuse the flag and wake the other side as usual).
+	_, _, _ = unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SECCOMP_IOCTL_NOTIF_SET_FLAGS, unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
 	f := os.NewFile(uintptr(fd), "seccomp listener")
 	defer f.Close()
 	rc, err := f.SyscallConn()
