@@ -32,6 +32,10 @@ type SandboxStartEvent struct {
 	Seccomp        string   `json:"seccomp"`
 	Network        string   `json:"network"`
 	LimitsEnforced bool     `json:"limits_enforced"`
+	// Connects says, where connections are identified, what records the
+	// process that connects each socket: "kernel" (a cgroup hook) or
+	// "seccomp" (the filter hands each connect to the supervisor).
+	Connects string `json:"connects,omitempty"`
 }
 
 // SandboxStartUncagedEvent: the command runs without a sandbox.

@@ -40,7 +40,7 @@ func TestObserve(t *testing.T) {
 func TestEventFieldsGolden(t *testing.T) {
 	events := []Event{
 		SandboxStartEvent{Summary: "cage[x]", PolicySHA256: "ab", PolicyCommit: "0a1b", PID: 7, Argv: []string{"sh"}, Workdir: "/w", UID: 1000, GID: 1000,
-			Rootless: true, LandlockABI: 6, Seccomp: "default", Network: "proxy", LimitsEnforced: true},
+			Rootless: true, LandlockABI: 6, Seccomp: "default", Network: "proxy", LimitsEnforced: true, Connects: "kernel"},
 		SandboxStartUncagedEvent{Reason: "sandbox: disabled", PolicySHA256: "ab", PID: 7, Argv: []string{"sh"}, Workdir: "/w"},
 		SandboxExitEvent{Code: 1, DurationMS: 20},
 		SandboxKilledEvent{Reason: "walltime_exceeded"},

@@ -47,6 +47,11 @@ const (
 // defaultPath is the workload's PATH when the caller has none.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// notifyConnectsEnv, set to 1, keeps a root run on the path a rootless one
+// takes, the seccomp filter handing each connect to the supervisor, rather
+// than the kernel's cgroup hook recording them: for tests and comparisons.
+const notifyConnectsEnv = "CORRAL_NOTIFY_CONNECTS"
+
 // inheritedPath is the PATH the workload starts from, before the plan
 // leaves out what does not exist inside.
 func inheritedPath() string {
@@ -448,7 +453,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
 		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
-		Launcher: launcher, TimerSlack: slack,
+		Launcher: launcher, TimerSlack: slack, NotifyConnects: os.Getenv(notifyConnectsEnv) == "1",
 		Running: func() {
 			resumeGC()
 			log.Debug("set-up over: garbage collection resumed")

@@ -12,7 +12,9 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/control"
 	"github.com/corral-sandbox/corral/internal/egress/assemble"
 	"github.com/corral-sandbox/corral/internal/linux/cgroup"
+	"github.com/corral-sandbox/corral/internal/linux/connhook"
 	"github.com/corral-sandbox/corral/internal/linux/procident"
 	"github.com/corral-sandbox/corral/internal/linux/seccomp"
 	"github.com/corral-sandbox/corral/internal/plan"
@@ -95,6 +98,10 @@ type Options struct {
 	// workload gets back from the wider one corral's own threads and the
 	// init run with (timerslack); 0 leaves it what it inherits.
 	TimerSlack uint64
+	// NotifyConnects has the seccomp filter hand every connect to the
+	// supervisor even where the kernel could record them (hookConnects):
+	// the path rootless runs take, chosen as root to test and measure it.
+	NotifyConnects bool
 }
 
 // Run runs the workload and returns the exit code corral should exit with.
@@ -192,6 +199,12 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	}
 	s.phase("cgroup ready")
 	s.Trace.Step("cgroup")
+	hook := s.attachConnectHook()
+	defer func() {
+		if h := hook(); h != nil {
+			h.Close()
+		}
+	}()
 
 	stdio := [3]*os.File{s.Stdin, s.Stdout, s.Stderr}
 	term := newTerminal(stdio)
@@ -270,6 +283,12 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		go s.watchSocketMemory(done)
 	}
 	s.Trace.Step("init started (clone with namespaces), moved into its cgroup")
+	if h := hook(); h != nil && s.connects != nil && s.execs != nil {
+		s.connects.Kernel = func(cookie uint64) (int, uint64, bool) {
+			r, ok := h.Lookup(cookie)
+			return r.TGID, r.At, ok
+		}
+	}
 	// The init reads none of these before its config arrives: they are
 	// written while its runtime starts.
 	if err := s.prepareScratch(); err != nil {
@@ -295,11 +314,15 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}()
 	}
 	s.Trace.Step("control socket")
-	filter, err := seccomp.Program(seccomp.Profile(s.Plan.Seccomp.Profile), seccomp.NetMode(s.Plan.Seccomp.NetMode))
+	mode := seccomp.NetMode(s.Plan.Seccomp.NetMode)
+	if mode == seccomp.NetProxy && s.connects != nil && s.connects.Kernel != nil {
+		mode = seccomp.NetProxyHooked
+	}
+	filter, err := seccomp.Program(seccomp.Profile(s.Plan.Seccomp.Profile), mode)
 	if err != nil {
 		return ExitSetupFailed, err
 	}
-	listen := seccomp.Notifies(seccomp.NetMode(s.Plan.Seccomp.NetMode))
+	listen := seccomp.Notifies(mode)
 	if listen && s.connects == nil {
 		return ExitSetupFailed, errors.New("the seccomp filter hands connects to the supervisor, but this sandbox has no network capture to record them for")
 	}
@@ -383,6 +406,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		Seccomp:        s.Plan.Seccomp.Profile,
 		Network:        s.Plan.Network.Mode,
 		LimitsEnforced: s.cg != nil,
+		Connects:       s.connectsRecorder(),
 	})
 	return s.wait(ctx, term, sup, msgs, done), nil
 }
@@ -412,6 +436,43 @@ func (s *supervisor) serveConnects(ctx context.Context, files []*os.File, listen
 		}
 	}()
 	return nil
+}
+
+// attachConnectHook starts opening the hook with which the kernel records
+// who connects each of the sandbox's sockets (connhook), where it can: as
+// root, with the sandbox in a cgroup2 group. The hook sits on the group
+// above every sandbox's, where the first sandbox attaches it and later
+// ones find it. It runs while the rest of the set-up goes on; the
+// returned func waits for it, nil if there is none. Once the connect log
+// uses it (which also needs the exec watch), the seccomp filter leaves
+// connect(2) alone; otherwise it hands each connect to the supervisor,
+// which records the same thing at the price of two context switches a
+// connect.
+func (s *supervisor) attachConnectHook() func() *connhook.Hook {
+	if s.Plan.Network.Capture == nil || s.cg == nil || s.cg.Unified() == "" || s.NotifyConnects {
+		return func() *connhook.Hook { return nil }
+	}
+	attached := make(chan *connhook.Hook, 1)
+	go func() {
+		h, err := connhook.Open(filepath.Dir(s.cg.Unified()))
+		if err != nil {
+			s.Log.Debug("the seccomp filter hands connects to the supervisor: the cgroup connect hook is unavailable", "err", err)
+		}
+		attached <- h
+	}()
+	return sync.OnceValue(func() *connhook.Hook { return <-attached })
+}
+
+// connectsRecorder names, for sandbox.start, what records who connects
+// each socket; "" where connections are not identified.
+func (s *supervisor) connectsRecorder() string {
+	switch {
+	case s.connects == nil:
+		return ""
+	case s.connects.Kernel != nil:
+		return "kernel"
+	}
+	return "seccomp"
 }
 
 func closeAll(files []*os.File) {

@@ -85,56 +85,90 @@ echo "=== end"
 // TestSocketLendingRefused: a connection is identified as the process that
 // connected its socket, and only while that process holds it and runs the
 // program it ran when it connected, checked after its identity is read
-// (an exec between the two would otherwise pass as the new program).
+// (an exec between the two would otherwise pass as the new program). As
+// root the kernel records the connects (a cgroup hook), and the run is
+// repeated with the seccomp filter handing them to the supervisor, the
+// path rootless runs take.
 func TestSocketLendingRefused(t *testing.T) {
 	requireRoot(t)
 	lab := netlab.Start(t,
 		netlab.Host{Name: "curlonly.test", Addr: netip.MustParseAddr("203.0.113.13")},
 		netlab.Host{Name: "anyone.test", Addr: netip.MustParseAddr("203.0.113.14")})
 	forEachMode(t, false, func(t *testing.T, m *mode) {
-		fx := newFixture(t, m)
-		seen := len(lab.HTTPRequests())
-		writeOwned(t, m, filepath.Join(fx.W, "lend.sh"), []byte(lendScript), 0o755)
-		writeOwned(t, m, filepath.Join(fx.W, "lend.py"), []byte(lendPy), 0o644)
-		pol := proxyPolicy("network_policies:\n" +
-			"  curlonly:\n    endpoints:\n      - {host: curlonly.test, port: 80}\n    binaries: [{path: /usr/bin/curl}]\n" +
-			"  anyone:\n    endpoints:\n      - {host: anyone.test, port: 80}\n")
-		r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/bash", filepath.Join(fx.W, "lend.sh")},
-			policy: pol, timeout: 90 * time.Second,
-			flags: []string{"--upstream-dns", lab.DNS.String(), "--env", "W=" + fx.W}})
-		n := &netRun{t: t, r: r, sec: sections(r.stdout)}
-		if r.code != 0 || n.sec["end"] == "" {
-			t.Fatalf("the script did not complete\n%s", r)
+		recorders := map[string][]string{"seccomp": {notifyConnects}}
+		if !m.rootless {
+			recorders["kernel"] = nil
 		}
-		t.Logf("sandbox output:\n%s\nnet events:\n%s", r.stdout, netEvents(r))
-		n.has("curl", `hello from curlonly.test GET /curl-itself 200`)
-		n.hasNot("parked", `hello from`)
-		n.has("threaded", `hello from anyone.test GET /threaded-by-python`)
+		for want, env := range recorders {
+			t.Run(want, func(t *testing.T) { lendingRefused(t, lab, m, want, env) })
+		}
+	})
+}
+
+// notifyConnects keeps a root run on the seccomp path.
+const notifyConnects = "CORRAL_NOTIFY_CONNECTS=1"
+
+func lendingRefused(t *testing.T, lab *netlab.Lab, m *mode, recorder string, env []string) {
+	fx := newFixture(t, m)
+	seen := len(lab.HTTPRequests())
+	writeOwned(t, m, filepath.Join(fx.W, "lend.sh"), []byte(lendScript), 0o755)
+	writeOwned(t, m, filepath.Join(fx.W, "lend.py"), []byte(lendPy), 0o644)
+	pol := proxyPolicy("network_policies:\n" +
+		"  curlonly:\n    endpoints:\n      - {host: curlonly.test, port: 80}\n    binaries: [{path: /usr/bin/curl}]\n" +
+		"  anyone:\n    endpoints:\n      - {host: anyone.test, port: 80}\n")
+	r := runCorral(t, fx, runOpts{args: []string{"/usr/bin/bash", filepath.Join(fx.W, "lend.sh")},
+		policy: pol, timeout: 90 * time.Second, env: env,
+		flags: []string{"--upstream-dns", lab.DNS.String(), "--env", "W=" + fx.W}})
+	n := &netRun{t: t, r: r, sec: sections(r.stdout)}
+	if r.code != 0 || n.sec["end"] == "" {
+		t.Fatalf("the script did not complete\n%s", r)
+	}
+	t.Logf("sandbox output:\n%s\nnet events:\n%s", r.stdout, netEvents(r))
+	if got := startField(r, "connects"); got != recorder {
+		t.Fatalf("sandbox.start says connects are recorded by %q, want %q\n%s", got, recorder, r)
+	}
+	n.has("curl", `hello from curlonly.test GET /curl-itself 200`)
+	n.hasNot("parked", `hello from`)
+	n.has("threaded", `hello from anyone.test GET /threaded-by-python`)
+	if recorder == "kernel" {
+		// The hook sees a connect that makes no connect(2) call.
+		n.has("tfo", `hello from anyone.test GET /tfo-by-python`)
+	} else {
 		// anyone.test takes any program, so only the missing connect
 		// record refuses this one.
 		n.hasNot("tfo", `hello from`)
 		if !strings.Contains(netEvents(r), "corral saw no connect(2) for it") {
 			t.Errorf("no refusal of the TCP Fast Open connection for want of a connect record\n%s", netEvents(r))
 		}
-		for _, s := range lab.HTTPRequests()[seen:] {
-			if strings.HasPrefix(s.Path, "/parked-") || strings.HasPrefix(s.Path, "/execd-") || strings.HasPrefix(s.Path, "/tfo-") {
-				t.Errorf("python3 reached curlonly.test as /usr/bin/curl: %s", s.Path)
-			}
+	}
+	for _, s := range lab.HTTPRequests()[seen:] {
+		if s.Host == "curlonly.test" && (strings.HasPrefix(s.Path, "/parked-") || strings.HasPrefix(s.Path, "/execd-")) {
+			t.Errorf("python3 reached curlonly.test as /usr/bin/curl: %s", s.Path)
 		}
-		// Each borrowed connection is refused. Why depends on when it is
-		// identified: after the lending ("which no longer holds it", "has
-		// run another program since it connected"), or, on a slow machine,
-		// before it, as python3's own.
-		denied := 0
-		for _, e := range r.find("net.connect.denied") {
-			if e["host"] == "curlonly.test" {
-				denied++
-			}
+	}
+	// Each borrowed connection is refused. Why depends on when it is
+	// identified: after the lending ("which no longer holds it", "has
+	// run another program since it connected"), or, on a slow machine,
+	// before it, as python3's own.
+	denied := 0
+	for _, e := range r.find("net.connect.denied") {
+		if e["host"] == "curlonly.test" {
+			denied++
 		}
-		if denied < 3 {
-			t.Errorf("%d refusals for curlonly.test in the audit trail, want one for each borrowed connection\n%s", denied, netEvents(r))
+	}
+	if denied < 3 {
+		t.Errorf("%d refusals for curlonly.test in the audit trail, want one for each borrowed connection\n%s", denied, netEvents(r))
+	}
+}
+
+// startField is a field of the run's sandbox.start event, "" if absent.
+func startField(r *result, name string) string {
+	for _, e := range r.find("sandbox.start") {
+		if v, ok := e[name].(string); ok {
+			return v
 		}
-	})
+	}
+	return ""
 }
 
 // TestWorkloadHoldsNoSeccompListener: the filter's listener, with which a

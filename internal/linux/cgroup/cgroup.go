@@ -428,6 +428,16 @@ func (cg *Cgroup) AddProc(pid int) error {
 	return nil
 }
 
+// Unified returns the group's cgroup2 directory, or "" when it has none.
+func (cg *Cgroup) Unified() string {
+	for _, g := range cg.dirs {
+		if g.v2 {
+			return g.path
+		}
+	}
+	return ""
+}
+
 // Paths returns the group's directories.
 func (cg *Cgroup) Paths() []string {
 	out := make([]string, len(cg.dirs))

@@ -30,11 +30,18 @@ import (
 const maxConnects = 1 << 15
 
 // ConnectLog records which process connected each socket of one sandbox.
-// The zero value is ready; Serve feeds it.
+// The zero value is ready; Serve feeds it, unless the kernel keeps the
+// record (Kernel).
 type ConnectLog struct {
 	// Execs, when set, stamps each connector's program, so an exec of the
 	// same binary after the connect is seen too.
 	Execs *ExecWatch
+	// Kernel, when set, is where a cgroup hook recorded each connect
+	// (connhook): the process and the time, by socket cookie. The
+	// sandbox's filter then hands no connect to the supervisor, and Execs
+	// must be set: what a connector ran when it connected is known only
+	// from the time of its latest fork or exec.
+	Kernel func(cookie uint64) (tgid int, at uint64, ok bool)
 
 	mu      sync.Mutex
 	byInode map[uint64]connector
@@ -44,11 +51,14 @@ type ConnectLog struct {
 
 // connector is the process that connected a socket and what it ran then:
 // the exec watch's stamp of its program when the watch could give one,
-// else its executable.
+// the kernel's time of the connect when a cgroup hook recorded it, else
+// its executable.
 type connector struct {
 	tgid    int
 	stamp   uint64
 	stamped bool
+	at      uint64
+	timed   bool
 	exe     fileID
 }
 
@@ -149,9 +159,10 @@ func (l *ConnectLog) vouch(refs []fdRef) error {
 			continue
 		}
 		checked[ref.inode] = true
-		l.mu.Lock()
-		who, ok := l.byInode[ref.inode]
-		l.mu.Unlock()
+		who, ok, err := l.connector(ref)
+		if err != nil {
+			return err
+		}
 		if !ok {
 			return fmt.Errorf("socket inode %d: %w", ref.inode, errNotConnected)
 		}
@@ -169,13 +180,61 @@ func (l *ConnectLog) vouch(refs []fdRef) error {
 	return nil
 }
 
+// connector is who connected ref's socket, as recorded.
+func (l *ConnectLog) connector(ref fdRef) (connector, bool, error) {
+	if l.Kernel != nil {
+		cookie := ref.cookie
+		if cookie == 0 {
+			var err error
+			if cookie, err = cookieOf(ref); err != nil {
+				return connector{}, false, fmt.Errorf("socket inode %d: the cookie the kernel recorded its connect under: %w", ref.inode, err)
+			}
+		}
+		tgid, at, ok := l.Kernel(cookie)
+		return connector{tgid: tgid, at: at, timed: true}, ok, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	who, ok := l.byInode[ref.inode]
+	return who, ok, nil
+}
+
+// cookieOf reads the cookie of ref's socket through a copy of the holder's
+// descriptor, for a socket sock_diag did not find (a snapshot did).
+func cookieOf(ref fdRef) (uint64, error) {
+	pidfd, err := unix.PidfdOpen(ref.pid, 0)
+	if err != nil {
+		return 0, fmt.Errorf("pidfd_open %d: %w", ref.pid, err)
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, ref.fd, 0)
+	if err != nil {
+		return 0, fmt.Errorf("pidfd_getfd %d/%d: %w", ref.pid, ref.fd, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != ref.inode {
+		return 0, fmt.Errorf("pid %d no longer holds it in descriptor %d", ref.pid, ref.fd)
+	}
+	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("SO_COOKIE: %w", err)
+	}
+	return cookie, nil
+}
+
 // runsStill tells whether the connector still runs the program it ran
-// when it connected. A stamp the watch can no longer judge (it lost
-// events since) falls back to comparing the executable, which the watch
-// recorded as of the connector's latest exec.
+// when it connected. A stamp or a time the watch can no longer judge (it
+// lost events since) falls back to comparing the executable, which the
+// watch recorded as of the connector's latest exec.
 func (who connector) runsStill(execs *ExecWatch) bool {
-	if who.stamped {
-		same, known := execs.runs(who.tgid, who.stamp)
+	if who.stamped || who.timed {
+		var same, known bool
+		if who.timed {
+			same, known = execs.runsSince(who.tgid, who.at)
+		} else {
+			same, known = execs.runs(who.tgid, who.stamp)
+		}
 		if known {
 			return same
 		}

@@ -70,9 +70,10 @@ func openDiag(initPID int) (*diag, error) {
 	return &diag{fd: r.fd}, nil
 }
 
-// inode returns the inode of the TCP socket whose local address is src and
-// whose peer is dst; ok is false when there is no such socket.
-func (d *diag) inode(src, dst netip.AddrPort) (inode uint64, ok bool, err error) {
+// inode returns the inode and the cookie of the TCP socket whose local
+// address is src and whose peer is dst; ok is false when there is no such
+// socket.
+func (d *diag) inode(src, dst netip.AddrPort) (inode, cookie uint64, ok bool, err error) {
 	family := byte(unix.AF_INET6)
 	if src.Addr().Is4() && dst.Addr().Is4() {
 		family = unix.AF_INET
@@ -96,7 +97,7 @@ func (d *diag) inode(src, dst netip.AddrPort) (inode uint64, ok bool, err error)
 	binary.NativeEndian.PutUint32(id[40:], 0xffffffff) // INET_DIAG_NOCOOKIE
 	binary.NativeEndian.PutUint32(id[44:], 0xffffffff)
 	if err := unix.Sendto(d.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, false, fmt.Errorf("sock_diag request: %w", err)
+		return 0, 0, false, fmt.Errorf("sock_diag request: %w", err)
 	}
 	if d.buf == nil {
 		d.buf = make([]byte, 8192)
@@ -105,11 +106,11 @@ func (d *diag) inode(src, dst netip.AddrPort) (inode uint64, ok bool, err error)
 	for {
 		n, _, err := unix.Recvfrom(d.fd, buf, 0)
 		if err != nil {
-			return 0, false, fmt.Errorf("sock_diag reply: %w", err)
+			return 0, 0, false, fmt.Errorf("sock_diag reply: %w", err)
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return 0, false, err
+			return 0, 0, false, err
 		}
 		for _, m := range msgs {
 			if m.Header.Seq != d.seq {
@@ -119,19 +120,21 @@ func (d *diag) inode(src, dst netip.AddrPort) (inode uint64, ok bool, err error)
 			case unix.NLMSG_ERROR:
 				if len(m.Data) >= 4 {
 					if e := -int32(binary.NativeEndian.Uint32(m.Data)); e == int32(unix.ENOENT) {
-						return 0, false, nil
+						return 0, 0, false, nil
 					} else if e != 0 {
-						return 0, false, fmt.Errorf("sock_diag: %w", unix.Errno(e))
+						return 0, 0, false, fmt.Errorf("sock_diag: %w", unix.Errno(e))
 					}
 				}
-				return 0, false, errors.New("sock_diag: empty error")
+				return 0, 0, false, errors.New("sock_diag: empty error")
 			case sockDiagByFamily:
 				// inet_diag_msg: family, state, timer, retrans, the
-				// 48-byte id, expires, rqueue, wqueue, uid, then inode.
+				// 48-byte id (ending in the cookie, low half first),
+				// expires, rqueue, wqueue, uid, then inode.
 				if len(m.Data) < 72 {
-					return 0, false, errors.New("sock_diag: short reply")
+					return 0, 0, false, errors.New("sock_diag: short reply")
 				}
-				return uint64(binary.NativeEndian.Uint32(m.Data[68:])), true, nil
+				cookie := uint64(binary.NativeEndian.Uint32(m.Data[44:])) | uint64(binary.NativeEndian.Uint32(m.Data[48:]))<<32
+				return uint64(binary.NativeEndian.Uint32(m.Data[68:])), cookie, true, nil
 			}
 		}
 	}

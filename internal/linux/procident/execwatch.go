@@ -54,6 +54,10 @@ type ExecWatch struct {
 	// gives it the next value of stamps, so no two programs share one.
 	gen    map[int32]uint64
 	stamps uint64
+	// stampedAt is when each process's stamp was given, as the kernel
+	// timed the fork or exec (CLOCK_MONOTONIC): a connect timed after it
+	// was made by the program stamped.
+	stampedAt map[int32]uint64
 	// threads maps each thread the watch saw start, other than a
 	// process's first, to its process.
 	threads map[int32]int32
@@ -130,7 +134,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint64{}, threads: map[int32]int32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]uint64{}, stampedAt: map[int32]uint64{}, threads: map[int32]int32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -230,6 +234,7 @@ func (w *ExecWatch) event(m []byte) {
 		return
 	}
 	what := binary.NativeEndian.Uint32(m[36:])
+	at := binary.NativeEndian.Uint64(m[44:])
 	d := m[eventData:]
 	u32 := func(i int) int32 { return int32(binary.NativeEndian.Uint32(d[4*i:])) }
 	switch what {
@@ -259,7 +264,7 @@ func (w *ExecWatch) event(m []byte) {
 			w.births, w.lost = map[int32]birth{}, true
 		}
 		w.births[childTgid] = birth{parent: parentTgid, gen: w.gen[parentTgid]}
-		w.stamp(childTgid)
+		w.stamp(childTgid, at)
 		if e, ok := w.exe[parentTgid]; ok {
 			w.exe[childTgid] = e
 		} else {
@@ -275,7 +280,7 @@ func (w *ExecWatch) event(m []byte) {
 			return
 		}
 		tgid := u32(1)
-		w.stamp(tgid)
+		w.stamp(tgid, at)
 		w.snapshot(tgid)
 		if len(w.exe) >= maxTracked {
 			w.exe, w.lost = map[int32]fileID{}, true
@@ -297,6 +302,7 @@ func (w *ExecWatch) event(m []byte) {
 			w.tree.exited = append(w.tree.exited, u32(1))
 		}
 		delete(w.gen, u32(1))
+		delete(w.stampedAt, u32(1))
 		delete(w.births, u32(1))
 		delete(w.seen, u32(1))
 		delete(w.exe, u32(1))
@@ -350,13 +356,14 @@ func (w *ExecWatch) atExec(pid int) (execRecord, bool) {
 	return rec, ok
 }
 
-// stamp gives tgid's program the next stamp.
-func (w *ExecWatch) stamp(tgid int32) {
+// stamp gives tgid's program the next stamp, given at the kernel's time at.
+func (w *ExecWatch) stamp(tgid int32, at uint64) {
 	if len(w.gen) >= maxTracked {
-		w.gen, w.lost = map[int32]uint64{}, true
+		w.gen, w.stampedAt, w.lost = map[int32]uint64{}, map[int32]uint64{}, true
 	}
 	w.stamps++
 	w.gen[tgid] = w.stamps
+	w.stampedAt[tgid] = at
 }
 
 // caller returns the process thread tid belongs to and the stamp of the
@@ -381,13 +388,30 @@ func (w *ExecWatch) caller(tid int) (int, uint64, bool) {
 // /proc before it reports the exec). known is false when the watch can no
 // longer tell.
 func (w *ExecWatch) runs(pid int, stamp uint64) (same, known bool) {
+	return w.unchanged(pid, func() bool { return w.gen[int32(pid)] == stamp })
+}
+
+// runsSince tells whether pid runs the program it ran at the kernel's time
+// at (CLOCK_MONOTONIC), as runs does for a stamp: its latest fork or exec
+// was reported, and timed before at.
+func (w *ExecWatch) runsSince(pid int, at uint64) (same, known bool) {
+	return w.unchanged(pid, func() bool {
+		t, ok := w.stampedAt[int32(pid)]
+		return ok && t < at
+	})
+}
+
+// unchanged is runs and runsSince: stampHolds, called with the events
+// drained, tells whether the process's stamp is still the one asked
+// about.
+func (w *ExecWatch) unchanged(pid int, stampHolds func() bool) (same, known bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.drain()
 	if w.lost || w.fd < 0 {
 		return false, false
 	}
-	if w.gen[int32(pid)] != stamp {
+	if !stampHolds() {
 		return false, true
 	}
 	rec, ok := w.exe[int32(pid)]

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // childOf waits for pid's only child and returns it.
@@ -158,7 +160,9 @@ time.sleep(30)
 
 // TestExecWatchKnowsThreadsAndPrograms: a thread is attributed to its
 // process from the events alone, and the stamp of the process's program
-// changes when it execs, even into the same binary.
+// changes when it execs, even into the same binary; so does the time it
+// runs its program since, which a connect the kernel timed is checked
+// against.
 func TestExecWatchKnowsThreadsAndPrograms(t *testing.T) {
 	w := watchOrSkip(t)
 	py, err := exec.LookPath("python3")
@@ -193,6 +197,13 @@ os.execv(sys.executable, [sys.executable, "-c", "import time; print('again', flu
 	if same, known := w.runs(pid, stamp); !same || !known {
 		t.Fatalf("runs before the exec = %v, %v", same, known)
 	}
+	connected := monotonicNow(t)
+	if same, known := w.runsSince(pid, connected); !same || !known {
+		t.Fatalf("runsSince before the exec = %v, %v", same, known)
+	}
+	if same, known := w.runsSince(pid, 1); same || !known {
+		t.Fatalf("runsSince a time before its fork = %v, %v; want false, known", same, known)
+	}
 	fmt.Fprintln(in)
 	var again string
 	if _, err := fmt.Fscan(out, &again); err != nil || again != "again" {
@@ -201,4 +212,21 @@ os.execv(sys.executable, [sys.executable, "-c", "import time; print('again', flu
 	if same, known := w.runs(pid, stamp); same || !known {
 		t.Fatalf("runs after an exec of the same binary = %v, %v; want false, known", same, known)
 	}
+	if same, known := w.runsSince(pid, connected); same || !known {
+		t.Fatalf("runsSince a time before an exec of the same binary = %v, %v; want false, known", same, known)
+	}
+	if same, known := w.runsSince(pid, monotonicNow(t)); !same || !known {
+		t.Fatalf("runsSince a time after the exec = %v, %v", same, known)
+	}
+}
+
+// monotonicNow is CLOCK_MONOTONIC, the clock of the kernel's process
+// events and of connhook's records.
+func monotonicNow(t *testing.T) uint64 {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
 }

@@ -99,7 +99,12 @@ func (r *Resolver) Identify(conn net.Conn) (egress.Identity, error) {
 	if err != nil {
 		return egress.Identity{}, err
 	}
-	origDst, _ := capture.ConnOriginalDst(conn)
+	// A client that connected to the listener itself (an explicit proxy
+	// client) has no other destination.
+	origDst, err := capture.ConnOriginalDst(conn)
+	if err != nil {
+		origDst = listener
+	}
 	origDst = netip.AddrPortFrom(origDst.Addr().Unmap(), origDst.Port())
 	// Only a reading taken after the connection was accepted can know its
 	// socket; an older one could know an earlier socket with the same
@@ -135,7 +140,7 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 	if r.diag == nil {
 		return nil
 	}
-	inode, ok, err := r.diag.inode(client, origDst)
+	inode, cookie, ok, err := r.diag.inode(client, origDst)
 	if err != nil || !ok {
 		return nil
 	}
@@ -145,6 +150,9 @@ func (r *Resolver) exact(client, origDst netip.AddrPort) []fdRef {
 		// The exec watch's list may lack the holder; /proc has it.
 		r.Execs.forget()
 		refs = r.holders(target, inode)
+	}
+	for i := range refs {
+		refs[i].cookie = cookie
 	}
 	return refs
 }

@@ -46,6 +46,9 @@ type peer struct {
 type fdRef struct {
 	pid, fd int
 	inode   uint64
+	// cookie is the socket's, when sock_diag found it; 0 when a snapshot
+	// did.
+	cookie uint64
 }
 
 // current returns the newest snapshot, taking one if there is none or it

@@ -43,6 +43,11 @@ const (
 	NetBlock NetMode = "block"
 	NetProxy NetMode = "proxy"
 	NetAllow NetMode = "allow"
+	// NetProxyHooked is proxy mode where a cgroup hook records who
+	// connects each socket (connhook), so the filter leaves connect(2)
+	// to the kernel. No plan asks for it; the supervisor chooses it when
+	// the hook is attached.
+	NetProxyHooked NetMode = "proxy-hooked"
 )
 
 // Rule is one entry of a profile in human-readable form. Rules are evaluated
@@ -274,7 +279,7 @@ func Notifies(m NetMode) bool { return m == NetProxy }
 
 func profileRules(p Profile, m NetMode) ([]rule, error) {
 	switch m {
-	case NetBlock, NetProxy, NetAllow:
+	case NetBlock, NetProxy, NetAllow, NetProxyHooked:
 	default:
 		return nil, fmt.Errorf("seccomp: unknown network mode %q (want block, proxy or allow)", m)
 	}

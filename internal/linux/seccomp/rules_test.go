@@ -25,7 +25,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 var (
 	profiles = []Profile{ProfileDefault, ProfileRelaxed}
-	netModes = []NetMode{NetBlock, NetProxy, NetAllow}
+	netModes = []NetMode{NetBlock, NetProxy, NetAllow, NetProxyHooked}
 )
 
 func renderRules(rs []Rule) string {

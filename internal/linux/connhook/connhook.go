@@ -1,0 +1,286 @@
+//go:build linux
+
+// Package connhook records, in the kernel, which process connects each
+// socket of a cgroup: a program attached to the cgroup's connect hooks
+// (IPv4 and IPv6) writes the caller's process id and the time into a map
+// keyed by the socket's cookie, before the kernel connects the socket.
+//
+// It does what the sandbox's seccomp filter otherwise does by handing every
+// connect(2) to the supervisor and waiting for its answer, without the two
+// context switches that costs each connect. It also sees connects that make
+// no connect(2) call: TCP Fast Open through sendto, and io_uring.
+package connhook
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// maxRecords bounds the map, which every sandbox shares; the least
+// recently written records go first when it is full. A record is needed
+// only from the connect until the connection is identified, a moment
+// later (at most the wait for a silent client's first bytes), so a
+// connect is refused for want of a record only when thousands of others
+// were made in between.
+const maxRecords = 1 << 14
+
+// Names the kernel shows for the programs and the map, by which Open finds
+// them again.
+const (
+	progName = "corral_connect"
+	mapName  = "corral_connects"
+)
+
+// attachTypes are the hooks the program is attached to: connect(2) of an
+// IPv4 socket and of an IPv6 one, TCP Fast Open's and io_uring's
+// included.
+var attachTypes = []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect}
+
+// Record is what the hook wrote for one socket.
+type Record struct {
+	// TGID is the connecting process, as the initial pid namespace
+	// numbers it.
+	TGID int
+	// At is when it connected, on CLOCK_MONOTONIC in nanoseconds: the
+	// clock of the proc connector's event times.
+	At uint64
+}
+
+// Hook reads the records of the programs attached to one cgroup.
+type Hook struct {
+	records *ebpf.Map
+}
+
+// Open returns the hook on the cgroup v2 directory dir, attaching it first
+// if it is not there: every socket a process of a cgroup below dir
+// connects is then recorded. The programs stay attached when the caller
+// exits, so that the next sandbox finds them instead of paying to load
+// them and to allocate the map (milliseconds, where finding them costs a
+// few system calls); removing dir detaches them. Another version's
+// programs are left attached while other groups below dir may be using
+// them, and detached once none is. It needs CAP_BPF and CAP_NET_ADMIN
+// (or CAP_SYS_ADMIN).
+func Open(dir string) (*Hook, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("connect hook: %w", err)
+	}
+	defer d.Close()
+	// Sandboxes starting together look and attach one at a time; the lock
+	// goes with the descriptor.
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("connect hook: lock %s: %w", dir, err)
+	}
+	target := int(d.Fd())
+	var mine, stale []attachedProg
+	defer func() {
+		for _, p := range append(mine, stale...) {
+			p.prog.Close()
+		}
+	}()
+	var records ebpf.MapID
+	whole := true
+	for _, at := range attachTypes {
+		ours, err := attached(target, at)
+		if err != nil {
+			return nil, fmt.Errorf("connect hook on %s: %w", dir, err)
+		}
+		n := 0
+		for _, p := range ours {
+			if current(p.info) {
+				mine = append(mine, p)
+				n++
+				id, ok := mapOf(p.info)
+				whole = whole && ok && (records == 0 || id == records)
+				records = id
+			} else {
+				stale = append(stale, p)
+			}
+		}
+		whole = whole && n == 1
+	}
+	if len(stale) > 0 && onlyChild(dir) {
+		if err := detach(target, stale); err != nil {
+			return nil, fmt.Errorf("connect hook on %s: detach another version's: %w", dir, err)
+		}
+	}
+	if whole {
+		m, err := ebpf.NewMapFromID(records)
+		if err != nil {
+			return nil, fmt.Errorf("connect hook on %s: open its map: %w", dir, err)
+		}
+		return &Hook{records: m}, nil
+	}
+	// A first run, or half of one a crash cut short: nobody can be using
+	// this version's programs (every Open under the lock completes them),
+	// so they are replaced whole.
+	if err := detach(target, mine); err != nil {
+		return nil, fmt.Errorf("connect hook on %s: detach an incomplete one: %w", dir, err)
+	}
+	return attach(target)
+}
+
+// detach detaches the programs from target.
+func detach(target int, ps []attachedProg) error {
+	for _, p := range ps {
+		err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: target, Program: p.prog, Attach: p.at})
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+	}
+	return nil
+}
+
+// onlyChild tells whether dir holds at most one group (the caller's own):
+// no other sandbox runs below it.
+func onlyChild(dir string) bool {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	groups := 0
+	for _, e := range entries {
+		if e.IsDir() {
+			groups++
+		}
+	}
+	return groups <= 1
+}
+
+// attach loads the map and the programs and attaches them to the cgroup
+// target, alongside any programs others attached there.
+func attach(target int) (h *Hook, err error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: mapName, Type: ebpf.LRUHash, KeySize: 8, ValueSize: 16, MaxEntries: maxRecords})
+	if err != nil {
+		return nil, fmt.Errorf("connect hook: create map: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			m.Close()
+		}
+	}()
+	for _, at := range attachTypes {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: progName, Type: ebpf.CGroupSockAddr, AttachType: at,
+			Instructions: program(m.FD()), License: "Dual MIT/GPL"})
+		if err != nil {
+			return nil, fmt.Errorf("connect hook: load program: %w", err)
+		}
+		err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: target, Program: prog, Attach: at, Flags: unix.BPF_F_ALLOW_MULTI})
+		prog.Close() // the attachment holds it
+		if err != nil {
+			return nil, fmt.Errorf("connect hook: attach: %w", err)
+		}
+	}
+	return &Hook{records: m}, nil
+}
+
+// attachedProg is a program attached to the cgroup, as the kernel
+// describes it.
+type attachedProg struct {
+	prog *ebpf.Program
+	info *ebpf.ProgramInfo
+	at   ebpf.AttachType
+}
+
+// attached returns the programs named progName attached to target for at.
+func attached(target int, at ebpf.AttachType) ([]attachedProg, error) {
+	q, err := link.QueryPrograms(link.QueryOptions{Target: target, Attach: at})
+	if err != nil {
+		return nil, err
+	}
+	var ours []attachedProg
+	for _, a := range q.Programs {
+		p, err := ebpf.NewProgramFromID(a.ID)
+		if errors.Is(err, unix.ENOENT) {
+			continue // detached meanwhile
+		}
+		if err != nil {
+			for _, o := range ours {
+				o.prog.Close()
+			}
+			return nil, err
+		}
+		if info, err := p.Info(); err == nil && info.Name == progName {
+			ours = append(ours, attachedProg{p, info, at})
+			continue
+		}
+		p.Close()
+	}
+	return ours, nil
+}
+
+// current tells whether info describes this version's program.
+func current(info *ebpf.ProgramInfo) bool {
+	ok, err := program(0).HasTag(info.Tag, hostOrder())
+	return err == nil && ok
+}
+
+// hostOrder is binary.NativeEndian as the byte order it is, which the
+// instruction encoder wants.
+func hostOrder() binary.ByteOrder {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 {
+		return binary.LittleEndian
+	}
+	return binary.BigEndian
+}
+
+// mapOf is the one map the program info describes uses.
+func mapOf(info *ebpf.ProgramInfo) (ebpf.MapID, bool) {
+	ids, ok := info.MapIDs()
+	if !ok || len(ids) != 1 {
+		return 0, false
+	}
+	return ids[0], true
+}
+
+// program records the caller and the time under the socket's cookie and
+// lets the connect go on: the hook only observes, the policy is decided
+// when the connection reaches the supervisor.
+//
+// The record is {u32 tgid, u32 zero, u64 time} at fp-16, the key at fp-24.
+func program(records int) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.FnGetCurrentPidTgid.Call(),
+		asm.RSh.Imm(asm.R0, 32),
+		asm.StoreMem(asm.RFP, -16, asm.R0, asm.Word),
+		asm.StoreImm(asm.RFP, -12, 0, asm.Word),
+		asm.FnKtimeGetNs.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.FnGetSocketCookie.Call(),
+		asm.StoreMem(asm.RFP, -24, asm.R0, asm.DWord),
+		asm.LoadMapPtr(asm.R1, records),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -24),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -16),
+		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
+		asm.FnMapUpdateElem.Call(),
+		asm.Mov.Imm(asm.R0, 1), // let the connect proceed
+		asm.Return(),
+	}
+}
+
+// Lookup returns the record of the socket with this cookie.
+func (h *Hook) Lookup(cookie uint64) (Record, bool) {
+	var key [8]byte
+	var val [16]byte
+	binary.NativeEndian.PutUint64(key[:], cookie)
+	if err := h.records.Lookup(key[:], val[:]); err != nil {
+		return Record{}, false
+	}
+	return Record{TGID: int(binary.NativeEndian.Uint32(val[0:])), At: binary.NativeEndian.Uint64(val[8:])}, true
+}
+
+// Close lets go of the map; the programs stay attached.
+func (h *Hook) Close() error {
+	return h.records.Close()
+}
