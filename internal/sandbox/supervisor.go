@@ -454,7 +454,7 @@ func (s *supervisor) attachConnectHook() func() *connhook.Hook {
 	}
 	attached := make(chan *connhook.Hook, 1)
 	go func() {
-		h, err := connhook.Open(filepath.Dir(s.cg.Unified()))
+		h, err := connhook.Open(filepath.Dir(s.cg.Unified()), s.cg.Unified())
 		if err != nil {
 			s.Log.Debug("the seccomp filter hands connects to the supervisor: the cgroup connect hook is unavailable", "err", err)
 		}

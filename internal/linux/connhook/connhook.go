@@ -1,9 +1,11 @@
 //go:build linux
 
 // Package connhook records, in the kernel, which process connects each
-// socket of a cgroup: a program attached to the cgroup's connect hooks
-// (IPv4 and IPv6) writes the caller's process id and the time into a map
-// keyed by the socket's cookie, before the kernel connects the socket.
+// socket of a sandbox: a program attached to the connect hooks (IPv4 and
+// IPv6) of the cgroup above every sandbox's writes the caller's process id
+// and the time, keyed by the socket's cookie, into the map of the caller's
+// cgroup, before the kernel connects the socket. Each sandbox has a map of
+// its own, so none can push another's records out.
 //
 // It does what the sandbox's seccomp filter otherwise does by handing every
 // connect(2) to the supervisor and waiting for its answer, without the two
@@ -23,20 +25,28 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxRecords bounds the map, which every sandbox shares; the least
-// recently written records go first when it is full. A record is needed
-// only from the connect until the connection is identified, a moment
-// later (at most the wait for a silent client's first bytes), so a
-// connect is refused for want of a record only when thousands of others
-// were made in between.
-const maxRecords = 1 << 14
+// maxRecords bounds a sandbox's map; the least recently written records
+// go first when it is full. A record is needed only from the connect until
+// the connection is identified, a moment later (at most the wait for a
+// silent client's first bytes), so a connect is refused for want of a
+// record only when the sandbox made thousands of others in between. The
+// kernel allocates every entry when the map is made, which each sandbox's
+// start pays (about 3 ms for 16 384 on a 2-core VM).
+const maxRecords = 1 << 11
 
-// Names the kernel shows for the programs and the map, by which Open finds
-// them again.
+// maxGroups bounds the sandboxes recorded at once; beyond it Open fails
+// and the sandbox's connects are recorded by the seccomp path.
+const maxGroups = 1 << 12
+
+// Names the kernel shows for the programs and the map of maps, by which
+// Open finds them again.
 const (
 	progName = "corral_connect"
 	mapName  = "corral_connects"
 )
+
+// recordsSpec is a sandbox's map: socket cookie to record.
+var recordsSpec = ebpf.MapSpec{Name: "corral_records", Type: ebpf.LRUHash, KeySize: 8, ValueSize: 16, MaxEntries: maxRecords}
 
 // attachTypes are the hooks the program is attached to: connect(2) of an
 // IPv4 socket and of an IPv6 one, TCP Fast Open's and io_uring's
@@ -53,21 +63,49 @@ type Record struct {
 	At uint64
 }
 
-// Hook reads the records of the programs attached to one cgroup.
+// Hook holds one sandbox's records.
 type Hook struct {
+	groups  *ebpf.Map // cgroup id to that group's records
+	group   uint64
 	records *ebpf.Map
 }
 
-// Open returns the hook on the cgroup v2 directory dir, attaching it first
-// if it is not there: every socket a process of a cgroup below dir
-// connects is then recorded. The programs stay attached when the caller
-// exits, so that the next sandbox finds them instead of paying to load
-// them and to allocate the map (milliseconds, where finding them costs a
-// few system calls); removing dir detaches them. Another version's
+// Open records the connects of the processes of the cgroup v2 directory
+// group, which is a child of dir, through the programs attached to dir,
+// attaching them first if they are not there. The programs stay attached
+// when the caller exits, so that the next sandbox finds them instead of
+// paying to load them (a few system calls to find them, where loading
+// takes milliseconds); removing dir detaches them. Another version's
 // programs are left attached while other groups below dir may be using
 // them, and detached once none is. It needs CAP_BPF and CAP_NET_ADMIN
 // (or CAP_SYS_ADMIN).
-func Open(dir string) (*Hook, error) {
+func Open(dir, group string) (*Hook, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(group, &st); err != nil {
+		return nil, fmt.Errorf("connect hook: %w", err)
+	}
+	groups, err := programs(dir)
+	if err != nil {
+		return nil, err
+	}
+	// A cgroup2 directory's inode number is its id, what the program
+	// reads of the caller.
+	h := &Hook{groups: groups, group: st.Ino}
+	if h.records, err = ebpf.NewMap(&recordsSpec); err != nil {
+		groups.Close()
+		return nil, fmt.Errorf("connect hook: create the sandbox's map: %w", err)
+	}
+	if err := groups.Update(h.group, h.records, ebpf.UpdateAny); err != nil {
+		h.records.Close()
+		groups.Close()
+		return nil, fmt.Errorf("connect hook: register %s: %w", group, err)
+	}
+	return h, nil
+}
+
+// programs finds the programs attached to dir, or attaches them, and
+// returns their map of maps.
+func programs(dir string) (*ebpf.Map, error) {
 	d, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("connect hook: %w", err)
@@ -116,7 +154,7 @@ func Open(dir string) (*Hook, error) {
 		if err != nil {
 			return nil, fmt.Errorf("connect hook on %s: open its map: %w", dir, err)
 		}
-		return &Hook{records: m}, nil
+		return m, nil
 	}
 	// A first run, or half of one a crash cut short: nobody can be using
 	// this version's programs (every Open under the lock completes them),
@@ -154,10 +192,10 @@ func onlyChild(dir string) bool {
 	return groups <= 1
 }
 
-// attach loads the map and the programs and attaches them to the cgroup
-// target, alongside any programs others attached there.
-func attach(target int) (h *Hook, err error) {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: mapName, Type: ebpf.LRUHash, KeySize: 8, ValueSize: 16, MaxEntries: maxRecords})
+// attach loads the map of maps and the programs and attaches them to the
+// cgroup target, alongside any programs others attached there.
+func attach(target int) (groups *ebpf.Map, err error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: mapName, Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4, MaxEntries: maxGroups, InnerMap: &recordsSpec})
 	if err != nil {
 		return nil, fmt.Errorf("connect hook: create map: %w", err)
 	}
@@ -178,7 +216,7 @@ func attach(target int) (h *Hook, err error) {
 			return nil, fmt.Errorf("connect hook: attach: %w", err)
 		}
 	}
-	return &Hook{records: m}, nil
+	return m, nil
 }
 
 // attachedProg is a program attached to the cgroup, as the kernel
@@ -240,28 +278,41 @@ func mapOf(info *ebpf.ProgramInfo) (ebpf.MapID, bool) {
 	return ids[0], true
 }
 
-// program records the caller and the time under the socket's cookie and
-// lets the connect go on: the hook only observes, the policy is decided
-// when the connection reaches the supervisor.
+// program records the caller and the time under the socket's cookie in
+// the map of the caller's cgroup, and lets the connect go on: the hook
+// only observes, the policy is decided when the connection reaches the
+// supervisor. A cgroup with no map is not a sandbox Open registered.
 //
-// The record is {u32 tgid, u32 zero, u64 time} at fp-16, the key at fp-24.
-func program(records int) asm.Instructions {
+// The stack: the cgroup id at fp-8, the record {u32 tgid, u32 zero, u64
+// time} at fp-24, the cookie at fp-32.
+func program(groups int) asm.Instructions {
 	return asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.FnGetCurrentCgroupId.Call(),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.LoadMapPtr(asm.R1, groups),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		// No map for this cgroup: to the end. A literal offset (the 17
+		// instructions after this one), not a label: the tag Open
+		// compares is computed over the instructions as written.
+		{OpCode: asm.OpCode(asm.JumpClass).SetJumpOp(asm.JEq).SetSource(asm.ImmSource), Dst: asm.R0, Offset: 17},
+		asm.Mov.Reg(asm.R7, asm.R0),
 		asm.FnGetCurrentPidTgid.Call(),
 		asm.RSh.Imm(asm.R0, 32),
-		asm.StoreMem(asm.RFP, -16, asm.R0, asm.Word),
-		asm.StoreImm(asm.RFP, -12, 0, asm.Word),
+		asm.StoreMem(asm.RFP, -24, asm.R0, asm.Word),
+		asm.StoreImm(asm.RFP, -20, 0, asm.Word),
 		asm.FnKtimeGetNs.Call(),
-		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.StoreMem(asm.RFP, -16, asm.R0, asm.DWord),
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.FnGetSocketCookie.Call(),
-		asm.StoreMem(asm.RFP, -24, asm.R0, asm.DWord),
-		asm.LoadMapPtr(asm.R1, records),
+		asm.StoreMem(asm.RFP, -32, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R7),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -24),
+		asm.Add.Imm(asm.R2, -32),
 		asm.Mov.Reg(asm.R3, asm.RFP),
-		asm.Add.Imm(asm.R3, -16),
+		asm.Add.Imm(asm.R3, -24),
 		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
 		asm.FnMapUpdateElem.Call(),
 		asm.Mov.Imm(asm.R0, 1), // let the connect proceed
@@ -280,7 +331,12 @@ func (h *Hook) Lookup(cookie uint64) (Record, bool) {
 	return Record{TGID: int(binary.NativeEndian.Uint32(val[0:])), At: binary.NativeEndian.Uint64(val[8:])}, true
 }
 
-// Close lets go of the map; the programs stay attached.
+// Close ends the recording of the sandbox's connects; the programs stay
+// attached for the next.
 func (h *Hook) Close() error {
-	return h.records.Close()
+	err := h.groups.Delete(h.group)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		err = nil
+	}
+	return errors.Join(err, h.records.Close(), h.groups.Close())
 }

@@ -107,16 +107,21 @@ func monotonic(t *testing.T) uint64 {
 	return uint64(ts.Nano())
 }
 
-// TestRecordsConnects: a process of a cgroup below the hook's is recorded
-// for each socket it connects, IPv4 and IPv6, with the time it connected;
-// one outside is not.
+// TestRecordsConnects: a process of the sandbox's group is recorded for
+// each socket it connects, IPv4 and IPv6, with the time it connected; one
+// of another group below the same parent (another sandbox) is not, nor
+// one outside, nor one once the hook is closed.
 func TestRecordsConnects(t *testing.T) {
 	parent, child := testCgroup(t)
-	h, err := Open(parent)
+	other := filepath.Join(parent, "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(other)
+	h, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
 	v4 := listen(t, "tcp4", "127.0.0.1:0")
 	v6 := listen(t, "tcp6", "[::1]:0")
 	before := monotonic(t)
@@ -131,10 +136,23 @@ func TestRecordsConnects(t *testing.T) {
 			t.Errorf("socket %d: record %+v, want pid %d between %d and %d", i, rec, pid, before, after)
 		}
 	}
-	if _, cookies := connect(t, "", v4); len(cookies) != 1 {
-		t.Fatal("no cookie")
-	} else if rec, ok := h.Lookup(cookies[0]); ok {
-		t.Errorf("a process outside the cgroup was recorded: %+v", rec)
+	for _, dir := range []string{other, ""} {
+		if _, cookies := connect(t, dir, v4); len(cookies) != 1 {
+			t.Fatal("no cookie")
+		} else if rec, ok := h.Lookup(cookies[0]); ok {
+			t.Errorf("a process outside the sandbox's group (%q) was recorded: %+v", dir, rec)
+		}
+	}
+	// Once closed, the group's map is gone from the programs' sight; a
+	// second hook on the group sees none of what came before it.
+	h.Close()
+	again, err := Open(parent, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if rec, ok := again.Lookup(cookies[0]); ok {
+		t.Errorf("a new hook holds an earlier record: %+v", rec)
 	}
 }
 
@@ -142,13 +160,13 @@ func TestRecordsConnects(t *testing.T) {
 // attached, and their map, rather than attaching more.
 func TestOpenFindsTheHook(t *testing.T) {
 	parent, child := testCgroup(t)
-	first, err := Open(parent)
+	first, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
 	}
 	firstMap := mapID(t, first)
 	first.Close() // as a sandbox that ended
-	second, err := Open(parent)
+	second, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +202,7 @@ func TestOpenReplacesAnotherVersion(t *testing.T) {
 				defer os.Remove(other)
 			}
 			plantOld(t, parent)
-			h, err := Open(parent)
+			h, err := Open(parent, child)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -263,7 +281,7 @@ func countAttached(t *testing.T, dir string, at ebpf.AttachType, name string) in
 
 func mapID(t *testing.T, h *Hook) ebpf.MapID {
 	t.Helper()
-	info, err := h.records.Info()
+	info, err := h.groups.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
