@@ -32,7 +32,7 @@ import (
 // record only when the sandbox made thousands of others in between. The
 // kernel allocates every entry when the map is made, which each sandbox's
 // start pays (about 3 ms for 16 384 on a 2-core VM).
-const maxRecords = 1 << 11
+const maxRecords = 1 << 10
 
 // maxGroups bounds the sandboxes recorded at once; beyond it Open fails
 // and the sandbox's connects are recorded by the seccomp path.
