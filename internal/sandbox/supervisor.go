@@ -99,7 +99,7 @@ type Options struct {
 	// init run with (timerslack); 0 leaves it what it inherits.
 	TimerSlack uint64
 	// NotifyConnects has the seccomp filter hand every connect to the
-	// supervisor even where the kernel could record them (hookConnects):
+	// supervisor even where the kernel could record them (connhook):
 	// the path rootless runs take, chosen as root to test and measure it.
 	NotifyConnects bool
 }
