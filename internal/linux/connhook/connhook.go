@@ -26,13 +26,23 @@ import (
 )
 
 // maxRecords bounds a sandbox's map; the least recently written records
-// go first when it is full. A record is needed only from the connect until
-// the connection is identified, a moment later (at most the wait for a
-// silent client's first bytes), so a connect is refused for want of a
+// go first when it is full. A record is needed from the connect until the
+// connection is identified: a moment, or seconds for a workload that opens
+// a thousand connections at once, so a connect is refused for want of a
 // record only when the sandbox made thousands of others in between. The
-// kernel allocates every entry when the map is made, which each sandbox's
-// start pays (about 3 ms for 16 384 on a 2-core VM).
-const maxRecords = 1 << 10
+// kernel allocates every entry when the map is made (about 3 ms on a
+// 2-core VM), so a sandbox that ends leaves its map for the next
+// (freeSlots).
+const maxRecords = 1 << 14
+
+// freeSlots are the keys under which ended sandboxes leave their maps in
+// the map of maps, for the next to take instead of making one. A map's
+// old records are keyed by cookies no later socket has, so they are never
+// found again; they are dropped as the new sandbox's records come in.
+// Cgroup ids never have the top bit set.
+const freeSlots = 4
+
+func freeKey(i int) uint64 { return 1<<63 | uint64(i) }
 
 // maxGroups bounds the sandboxes recorded at once; beyond it Open fails
 // and the sandbox's connects are recorded by the seccomp path.
@@ -84,16 +94,28 @@ func Open(dir, group string) (*Hook, error) {
 	if err := unix.Stat(group, &st); err != nil {
 		return nil, fmt.Errorf("connect hook: %w", err)
 	}
-	groups, err := programs(dir)
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("connect hook: %w", err)
+	}
+	defer d.Close()
+	// Sandboxes starting together look, attach and take a free map one at
+	// a time; the lock goes with the descriptor.
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("connect hook: lock %s: %w", dir, err)
+	}
+	groups, err := programs(int(d.Fd()), dir)
 	if err != nil {
 		return nil, err
 	}
 	// A cgroup2 directory's inode number is its id, what the program
 	// reads of the caller.
 	h := &Hook{groups: groups, group: st.Ino}
-	if h.records, err = ebpf.NewMap(&recordsSpec); err != nil {
-		groups.Close()
-		return nil, fmt.Errorf("connect hook: create the sandbox's map: %w", err)
+	if h.records = takeFree(groups); h.records == nil {
+		if h.records, err = ebpf.NewMap(&recordsSpec); err != nil {
+			groups.Close()
+			return nil, fmt.Errorf("connect hook: create the sandbox's map: %w", err)
+		}
 	}
 	if err := groups.Update(h.group, h.records, ebpf.UpdateAny); err != nil {
 		h.records.Close()
@@ -103,20 +125,25 @@ func Open(dir, group string) (*Hook, error) {
 	return h, nil
 }
 
-// programs finds the programs attached to dir, or attaches them, and
-// returns their map of maps.
-func programs(dir string) (*ebpf.Map, error) {
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil, fmt.Errorf("connect hook: %w", err)
+// takeFree takes a map an ended sandbox left, or returns nil.
+func takeFree(groups *ebpf.Map) *ebpf.Map {
+	for i := range freeSlots {
+		var m *ebpf.Map
+		if groups.Lookup(freeKey(i), &m) != nil {
+			continue
+		}
+		if groups.Delete(freeKey(i)) != nil {
+			m.Close()
+			continue
+		}
+		return m
 	}
-	defer d.Close()
-	// Sandboxes starting together look and attach one at a time; the lock
-	// goes with the descriptor.
-	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("connect hook: lock %s: %w", dir, err)
-	}
-	target := int(d.Fd())
+	return nil
+}
+
+// programs finds the programs attached to the cgroup target (dir), or
+// attaches them, and returns their map of maps.
+func programs(target int, dir string) (*ebpf.Map, error) {
 	var mine, stale []attachedProg
 	defer func() {
 		for _, p := range append(mine, stale...) {
@@ -331,9 +358,14 @@ func (h *Hook) Lookup(cookie uint64) (Record, bool) {
 	return Record{TGID: int(binary.NativeEndian.Uint32(val[0:])), At: binary.NativeEndian.Uint64(val[8:])}, true
 }
 
-// Close ends the recording of the sandbox's connects; the programs stay
-// attached for the next.
+// Close ends the recording of the sandbox's connects and leaves its map in
+// a free slot if there is one; the programs stay attached for the next.
 func (h *Hook) Close() error {
+	for i := range freeSlots {
+		if h.groups.Update(freeKey(i), h.records, ebpf.UpdateNoExist) == nil {
+			break
+		}
+	}
 	err := h.groups.Delete(h.group)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		err = nil

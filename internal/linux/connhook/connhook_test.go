@@ -143,17 +143,32 @@ func TestRecordsConnects(t *testing.T) {
 			t.Errorf("a process outside the sandbox's group (%q) was recorded: %+v", dir, rec)
 		}
 	}
-	// Once closed, the group's map is gone from the programs' sight; a
-	// second hook on the group sees none of what came before it.
+	// A sandbox that ends leaves its map for the next, which takes it
+	// rather than allocating one.
+	used := recordsID(t, h)
 	h.Close()
 	again, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer again.Close()
-	if rec, ok := again.Lookup(cookies[0]); ok {
-		t.Errorf("a new hook holds an earlier record: %+v", rec)
+	if got := recordsID(t, again); got != used {
+		t.Errorf("the next sandbox made map %d, not taking the ended one's %d", got, used)
 	}
+	pid, cookies = connect(t, child, v4)
+	if rec, ok := again.Lookup(cookies[0]); !ok || rec.TGID != pid {
+		t.Errorf("the map taken again does not record: %+v, %v", rec, ok)
+	}
+}
+
+func recordsID(t *testing.T, h *Hook) ebpf.MapID {
+	t.Helper()
+	info, err := h.records.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
 }
 
 // TestOpenFindsTheHook: a second Open finds the programs the first
