@@ -15,9 +15,11 @@ package connhook
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -250,8 +252,53 @@ func attach(target int) (groups *ebpf.Map, err error) {
 // describes it.
 type attachedProg struct {
 	prog *ebpf.Program
-	info *ebpf.ProgramInfo
+	info progInfo
 	at   ebpf.AttachType
+}
+
+// progInfo is what Open reads of an attached program.
+type progInfo struct {
+	name string
+	tag  string // hex, as ebpf.ProgramInfo has it
+	maps []ebpf.MapID
+}
+
+// bpfProgInfo is struct bpf_prog_info up to the program's name, on a
+// 64-bit machine. Its pointers are unsafe.Pointer, so that the garbage
+// collector and a growing stack see them.
+type bpfProgInfo struct {
+	typ, id                 uint32
+	tag                     [8]byte
+	jitedLen, xlatedLen     uint32
+	jitedInsns, xlatedInsns uint64
+	loadTime                uint64
+	createdByUID, nrMapIDs  uint32
+	mapIDs                  unsafe.Pointer
+	name                    [16]byte
+}
+
+// readProgInfo reads the name, tag and maps of the program fd with one
+// BPF_OBJ_GET_INFO_BY_FD: ebpf.Program.Info also reads the program's
+// fdinfo and its instructions, which cost every sandbox's start about a
+// millisecond.
+func readProgInfo(fd int) (progInfo, error) {
+	var ids [4]uint32
+	info := bpfProgInfo{nrMapIDs: uint32(len(ids)), mapIDs: unsafe.Pointer(&ids[0])}
+	if unsafe.Sizeof(info) != 80 {
+		return progInfo{}, errors.New("program info: not a 64-bit machine")
+	}
+	attr := struct {
+		fd, infoLen uint32
+		info        unsafe.Pointer
+	}{uint32(fd), uint32(unsafe.Sizeof(info)), unsafe.Pointer(&info)}
+	if _, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr)); errno != 0 {
+		return progInfo{}, fmt.Errorf("program info: %w", errno)
+	}
+	pi := progInfo{name: unix.ByteSliceToString(info.name[:]), tag: hex.EncodeToString(info.tag[:])}
+	for _, id := range ids[:min(int(info.nrMapIDs), len(ids))] {
+		pi.maps = append(pi.maps, ebpf.MapID(id))
+	}
+	return pi, nil
 }
 
 // attached returns the programs named progName attached to target for at.
@@ -272,7 +319,7 @@ func attached(target int, at ebpf.AttachType) ([]attachedProg, error) {
 			}
 			return nil, err
 		}
-		if info, err := p.Info(); err == nil && info.Name == progName {
+		if info, err := readProgInfo(p.FD()); err == nil && info.name == progName {
 			ours = append(ours, attachedProg{p, info, at})
 			continue
 		}
@@ -282,8 +329,8 @@ func attached(target int, at ebpf.AttachType) ([]attachedProg, error) {
 }
 
 // current tells whether info describes this version's program.
-func current(info *ebpf.ProgramInfo) bool {
-	ok, err := program(0).HasTag(info.Tag, hostOrder())
+func current(info progInfo) bool {
+	ok, err := program(0).HasTag(info.tag, hostOrder())
 	return err == nil && ok
 }
 
@@ -297,12 +344,11 @@ func hostOrder() binary.ByteOrder {
 }
 
 // mapOf is the one map the program info describes uses.
-func mapOf(info *ebpf.ProgramInfo) (ebpf.MapID, bool) {
-	ids, ok := info.MapIDs()
-	if !ok || len(ids) != 1 {
+func mapOf(info progInfo) (ebpf.MapID, bool) {
+	if len(info.maps) != 1 {
 		return 0, false
 	}
-	return ids[0], true
+	return info.maps[0], true
 }
 
 // program records the caller and the time under the socket's cookie in
