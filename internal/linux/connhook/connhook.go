@@ -9,8 +9,8 @@
 //
 // It does what the sandbox's seccomp filter otherwise does by handing every
 // connect(2) to the supervisor and waiting for its answer, without the two
-// context switches that costs each connect. It also sees connects that make
-// no connect(2) call: TCP Fast Open through sendto, and io_uring.
+// context switches that costs each connect. It also sees a connect that
+// makes no connect(2) call: TCP Fast Open through sendto.
 package connhook
 
 import (
@@ -60,9 +60,8 @@ const (
 // recordsSpec is a sandbox's map: socket cookie to record.
 var recordsSpec = ebpf.MapSpec{Name: "corral_records", Type: ebpf.LRUHash, KeySize: 8, ValueSize: 16, MaxEntries: maxRecords}
 
-// attachTypes are the hooks the program is attached to: connect(2) of an
-// IPv4 socket and of an IPv6 one, TCP Fast Open's and io_uring's
-// included.
+// attachTypes are the hooks the program is attached to: the connect of an
+// IPv4 socket and of an IPv6 one, TCP Fast Open's included.
 var attachTypes = []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect}
 
 // Record is what the hook wrote for one socket.
