@@ -38,6 +38,13 @@ const (
 	maxTracked = 1 << 16
 )
 
+// progStamp is a process's current program: its number, and when the kernel
+// timed the fork or exec that gave it (CLOCK_MONOTONIC), so that a connect
+// timed after it was made by that program.
+type progStamp struct {
+	n, at uint64
+}
+
 // birth is what a process's fork said: its parent and the stamp of the
 // program the parent ran then.
 type birth struct {
@@ -52,12 +59,8 @@ type ExecWatch struct {
 	mu sync.Mutex
 	// gen stamps each process's current program: a fork or an exec
 	// gives it the next value of stamps, so no two programs share one.
-	gen    map[int32]uint64
+	gen    map[int32]progStamp
 	stamps uint64
-	// stampedAt is when each process's stamp was given, as the kernel
-	// timed the fork or exec (CLOCK_MONOTONIC): a connect timed after it
-	// was made by the program stamped.
-	stampedAt map[int32]uint64
 	// threads maps each thread the watch saw start, other than a
 	// process's first, to its process.
 	threads map[int32]int32
@@ -134,7 +137,7 @@ func WatchExecs() (*ExecWatch, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("listen to proc connector: %w", err)
 	}
-	w := &ExecWatch{fd: fd, gen: map[int32]uint64{}, stampedAt: map[int32]uint64{}, threads: map[int32]int32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
+	w := &ExecWatch{fd: fd, gen: map[int32]progStamp{}, threads: map[int32]int32{}, births: map[int32]birth{}, seen: map[int32]execRecord{}, exe: map[int32]fileID{},
 		done: make(chan struct{}), ackSeq: seq + 1, acked: make(chan uint32, 1)}
 	// A kernel that refuses the request (before 6.6, without
 	// CAP_NET_ADMIN) says so only in its acknowledgement, or sends none
@@ -263,7 +266,7 @@ func (w *ExecWatch) event(m []byte) {
 		if len(w.births) >= maxTracked {
 			w.births, w.lost = map[int32]birth{}, true
 		}
-		w.births[childTgid] = birth{parent: parentTgid, gen: w.gen[parentTgid]}
+		w.births[childTgid] = birth{parent: parentTgid, gen: w.gen[parentTgid].n}
 		w.stamp(childTgid, at)
 		if e, ok := w.exe[parentTgid]; ok {
 			w.exe[childTgid] = e
@@ -302,7 +305,6 @@ func (w *ExecWatch) event(m []byte) {
 			w.tree.exited = append(w.tree.exited, u32(1))
 		}
 		delete(w.gen, u32(1))
-		delete(w.stampedAt, u32(1))
 		delete(w.births, u32(1))
 		delete(w.seen, u32(1))
 		delete(w.exe, u32(1))
@@ -359,11 +361,10 @@ func (w *ExecWatch) atExec(pid int) (execRecord, bool) {
 // stamp gives tgid's program the next stamp, given at the kernel's time at.
 func (w *ExecWatch) stamp(tgid int32, at uint64) {
 	if len(w.gen) >= maxTracked {
-		w.gen, w.stampedAt, w.lost = map[int32]uint64{}, map[int32]uint64{}, true
+		w.gen, w.lost = map[int32]progStamp{}, true
 	}
 	w.stamps++
-	w.gen[tgid] = w.stamps
-	w.stampedAt[tgid] = at
+	w.gen[tgid] = progStamp{n: w.stamps, at: at}
 }
 
 // caller returns the process thread tid belongs to and the stamp of the
@@ -380,15 +381,18 @@ func (w *ExecWatch) caller(tid int) (int, uint64, bool) {
 		tgid = int32(tid)
 	}
 	g, ok := w.gen[tgid]
-	return int(tgid), g, ok && !w.lost && w.fd >= 0
+	return int(tgid), g.n, ok && !w.lost && w.fd >= 0
 }
 
 // runs tells whether pid still runs the program stamped: no exec has been
 // reported since, and none is under way (the kernel shows a new exe in
 // /proc before it reports the exec). known is false when the watch can no
 // longer tell.
-func (w *ExecWatch) runs(pid int, stamp uint64) (same, known bool) {
-	return w.unchanged(pid, func() bool { return w.gen[int32(pid)] == stamp })
+func (w *ExecWatch) runs(pid int, n uint64) (same, known bool) {
+	return w.unchanged(pid, func() bool {
+		g, ok := w.gen[int32(pid)]
+		return ok && g.n == n
+	})
 }
 
 // runsSince tells whether pid runs the program it ran at the kernel's time
@@ -396,8 +400,8 @@ func (w *ExecWatch) runs(pid int, stamp uint64) (same, known bool) {
 // was reported, and timed before at.
 func (w *ExecWatch) runsSince(pid int, at uint64) (same, known bool) {
 	return w.unchanged(pid, func() bool {
-		t, ok := w.stampedAt[int32(pid)]
-		return ok && t < at
+		g, ok := w.gen[int32(pid)]
+		return ok && g.at < at
 	})
 }
 
@@ -429,7 +433,7 @@ func (w *ExecWatch) startedUnder(child, parent int) bool {
 	defer w.mu.Unlock()
 	w.drain()
 	b, ok := w.births[int32(child)]
-	if !ok || w.lost || b.parent != int32(parent) || b.gen != w.gen[int32(parent)] {
+	if !ok || w.lost || b.parent != int32(parent) || b.gen != w.gen[int32(parent)].n {
 		return false
 	}
 	// An exec the kernel has switched parent to but not reported yet shows
