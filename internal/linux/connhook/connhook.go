@@ -32,9 +32,9 @@ import (
 // connection is identified: a moment, or seconds for a workload that opens
 // a thousand connections at once, so a connect is refused for want of a
 // record only when the sandbox made thousands of others in between. The
-// kernel allocates every entry when the map is made (about 3 ms on a
-// 2-core VM), so a sandbox that ends leaves its map for the next
-// (freeSlots).
+// kernel allocates every entry when the map is made, most of what
+// BenchmarkOpen/attach measures, so a sandbox that ends leaves its map for
+// the next (freeSlots).
 const maxRecords = 1 << 14
 
 // freeSlots are the keys under which ended sandboxes leave their maps in
@@ -85,8 +85,7 @@ type Hook struct {
 // group, which is a child of dir, through the programs attached to dir,
 // attaching them first if they are not there. The programs stay attached
 // when the caller exits, so that the next sandbox finds them instead of
-// paying to load them (a few system calls to find them, where loading
-// takes milliseconds); removing dir detaches them. Another version's
+// paying to load them (BenchmarkOpen); removing dir detaches them. Another version's
 // programs are left attached while other groups below dir may be using
 // them, and detached once none is. It needs CAP_BPF and CAP_NET_ADMIN
 // (or CAP_SYS_ADMIN).

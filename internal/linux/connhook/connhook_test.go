@@ -3,6 +3,7 @@
 package connhook
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -31,10 +33,13 @@ for a in sys.argv[1:]:
     print(os.getpid(), int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 57, 8), "little"), flush=True)
 `
 
+// groupsMade numbers the test's groups.
+var groupsMade atomic.Int64
+
 // testCgroup makes a cgroup v2 directory of the test's own, outside the
 // corral/ directory that sandboxes sweep, and a group below it for the
 // processes the test starts. Removing it, at the end, detaches the hook.
-func testCgroup(t *testing.T) (parent, child string) {
+func testCgroup(t testing.TB) (parent, child string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs into a cgroup")
@@ -43,7 +48,7 @@ func testCgroup(t *testing.T) (parent, child string) {
 	if f.Unified == "" {
 		t.Skip("no cgroup2 hierarchy: " + f.Reason)
 	}
-	parent = filepath.Join(f.Unified, fmt.Sprintf("corral-connhook-test-%d", os.Getpid()))
+	parent = filepath.Join(f.Unified, fmt.Sprintf("corral-connhook-test-%d-%d", os.Getpid(), groupsMade.Add(1)))
 	child = filepath.Join(parent, "sandbox")
 	for _, d := range []string{parent, child} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -52,7 +57,7 @@ func testCgroup(t *testing.T) (parent, child string) {
 	}
 	t.Cleanup(func() {
 		for _, d := range []string{child, parent} {
-			if err := os.Remove(d); err != nil {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("remove test cgroup: %v", err)
 			}
 		}
@@ -113,11 +118,7 @@ func monotonic(t *testing.T) uint64 {
 // one outside, nor one once the hook is closed.
 func TestRecordsConnects(t *testing.T) {
 	parent, child := testCgroup(t)
-	other := filepath.Join(parent, "other")
-	if err := os.Mkdir(other, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer os.Remove(other)
+	other := sibling(t, parent)
 	h, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
@@ -145,30 +146,38 @@ func TestRecordsConnects(t *testing.T) {
 	}
 	// A sandbox that ends leaves its map for the next, which takes it
 	// rather than allocating one.
-	used := recordsID(t, h)
+	used := idOf(t, h.records)
 	h.Close()
 	again, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer again.Close()
-	if got := recordsID(t, again); got != used {
+	if got := idOf(t, again.records); got != used {
 		t.Errorf("the next sandbox made map %d, not taking the ended one's %d", got, used)
 	}
-	pid, cookies = connect(t, child, v4)
-	if rec, ok := again.Lookup(cookies[0]); !ok || rec.TGID != pid {
-		t.Errorf("the map taken again does not record: %+v, %v", rec, ok)
-	}
+	wantRecorded(t, again, child, v4, "the map taken again")
 }
 
-func recordsID(t *testing.T, h *Hook) ebpf.MapID {
+// sibling makes another sandbox's group next to the test's.
+func sibling(t *testing.T, parent string) string {
 	t.Helper()
-	info, err := h.records.Info()
-	if err != nil {
+	dir := filepath.Join(parent, "other")
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	id, _ := info.ID()
-	return id
+	t.Cleanup(func() { os.Remove(dir) })
+	return dir
+}
+
+// wantRecorded connects from group to addr and wants h to hold the
+// connector's record.
+func wantRecorded(t *testing.T, h *Hook, group, addr, what string) {
+	t.Helper()
+	pid, cookies := connect(t, group, addr)
+	if rec, ok := h.Lookup(cookies[0]); !ok || rec.TGID != pid {
+		t.Errorf("%s does not record: %+v, %v", what, rec, ok)
+	}
 }
 
 // TestOpenFindsTheHook: a second Open finds the programs the first
@@ -179,14 +188,14 @@ func TestOpenFindsTheHook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	firstMap := mapID(t, first)
+	firstMap := idOf(t, first.groups)
 	first.Close() // as a sandbox that ended
 	second, err := Open(parent, child)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer second.Close()
-	if got := mapID(t, second); got != firstMap {
+	if got := idOf(t, second.groups); got != firstMap {
 		t.Errorf("the second Open uses map %d, the first's is %d: it attached the hook again", got, firstMap)
 	}
 	for _, at := range attachTypes {
@@ -194,11 +203,7 @@ func TestOpenFindsTheHook(t *testing.T) {
 			t.Errorf("%v: %d programs attached, want 1", at, n)
 		}
 	}
-	v4 := listen(t, "tcp4", "127.0.0.1:0")
-	pid, cookies := connect(t, child, v4)
-	if rec, ok := second.Lookup(cookies[0]); !ok || rec.TGID != pid {
-		t.Errorf("the hook found again does not record: %+v, %v", rec, ok)
-	}
+	wantRecorded(t, second, child, listen(t, "tcp4", "127.0.0.1:0"), "the hook found again")
 }
 
 // TestOpenReplacesAnotherVersion: programs of corral's name that are not
@@ -210,11 +215,7 @@ func TestOpenReplacesAnotherVersion(t *testing.T) {
 		t.Run(fmt.Sprintf("other_sandboxes=%v", others), func(t *testing.T) {
 			parent, child := testCgroup(t)
 			if others {
-				other := filepath.Join(parent, "other")
-				if err := os.Mkdir(other, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				defer os.Remove(other)
+				sibling(t, parent)
 			}
 			plantOld(t, parent)
 			h, err := Open(parent, child)
@@ -234,11 +235,7 @@ func TestOpenReplacesAnotherVersion(t *testing.T) {
 					t.Errorf("%v: %d of another's programs attached, want it left", at, n)
 				}
 			}
-			v4 := listen(t, "tcp4", "127.0.0.1:0")
-			pid, cookies := connect(t, child, v4)
-			if rec, ok := h.Lookup(cookies[0]); !ok || rec.TGID != pid {
-				t.Errorf("this version's hook does not record: %+v, %v", rec, ok)
-			}
+			wantRecorded(t, h, child, listen(t, "tcp4", "127.0.0.1:0"), "this version's hook")
 		})
 	}
 }
@@ -294,9 +291,10 @@ func countAttached(t *testing.T, dir string, at ebpf.AttachType, name string) in
 	return n
 }
 
-func mapID(t *testing.T, h *Hook) ebpf.MapID {
+// idOf is the kernel's id of m.
+func idOf(t testing.TB, m *ebpf.Map) ebpf.MapID {
 	t.Helper()
-	info, err := h.groups.Info()
+	info, err := m.Info()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,4 +303,43 @@ func mapID(t *testing.T, h *Hook) ebpf.MapID {
 		t.Skip("the kernel does not tell map ids")
 	}
 	return id
+}
+
+// BenchmarkOpen is what a sandbox's start pays for the hook: "attach"
+// when no sandbox ran before it (the programs loaded and attached, the
+// map of maps and the sandbox's map allocated), "found" when the programs
+// are attached and an ended sandbox's map waits to be taken.
+func BenchmarkOpen(b *testing.B) {
+	b.Run("attach", func(b *testing.B) {
+		for range b.N {
+			b.StopTimer()
+			parent, child := testCgroup(b)
+			b.StartTimer()
+			h, err := Open(parent, child)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			h.Close()
+			// Removing the groups detaches the programs.
+			os.Remove(child)
+			os.Remove(parent)
+			b.StartTimer()
+		}
+	})
+	b.Run("found", func(b *testing.B) {
+		parent, child := testCgroup(b)
+		h, err := Open(parent, child)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Close()
+		for b.Loop() {
+			h, err := Open(parent, child)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h.Close()
+		}
+	})
 }
