@@ -32,8 +32,8 @@ import (
 // connection is identified: a moment, or seconds for a workload that opens
 // a thousand connections at once, so a connect is refused for want of a
 // record only when the sandbox made thousands of others in between. The
-// kernel allocates every entry when the map is made, most of what
-// BenchmarkOpen/attach measures, so a sandbox that ends leaves its map for
+// kernel allocates every entry when the map is made, which
+// BenchmarkOpen/attach includes, so a sandbox that ends leaves its map for
 // the next (freeSlots).
 const maxRecords = 1 << 14
 
