@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -104,9 +105,17 @@ func Open(dir, group string) (*Hook, error) {
 	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
 		return nil, fmt.Errorf("connect hook: lock %s: %w", dir, err)
 	}
-	groups, err := programs(int(d.Fd()), dir)
+	live, err := groupIDs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("connect hook: %w", err)
+	}
+	groups, err := programs(int(d.Fd()), dir, len(live) <= 1)
 	if err != nil {
 		return nil, err
+	}
+	if err := prune(groups, live); err != nil {
+		groups.Close()
+		return nil, fmt.Errorf("connect hook on %s: %w", dir, err)
 	}
 	// A cgroup2 directory's inode number is its id, what the program
 	// reads of the caller.
@@ -141,9 +150,54 @@ func takeFree(groups *ebpf.Map) *ebpf.Map {
 	return nil
 }
 
+// groupIDs returns the ids of the cgroups directly below dir: the
+// sandboxes that may be running there.
+func groupIDs(dir string) (map[uint64]bool, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[uint64]bool{}
+	for _, e := range entries {
+		var st unix.Stat_t
+		if e.IsDir() && unix.Stat(filepath.Join(dir, e.Name()), &st) == nil {
+			ids[st.Ino] = true
+		}
+	}
+	return ids, nil
+}
+
+// prune removes the registrations of groups that no longer exist: a
+// supervisor killed before Close leaves its group's map registered, which
+// keeps the map's memory in the kernel and a place in the map of maps, of
+// which maxGroups fill it. A cgroup id is never given to another group,
+// so a registration whose group is gone can only be stale. Every live
+// group's registration was made under the lock the caller holds, after
+// its group was made.
+func prune(groups *ebpf.Map, live map[uint64]bool) error {
+	var stale []uint64
+	var key uint64
+	err := groups.NextKey(nil, &key)
+	for ; err == nil; err = groups.NextKey(key, &key) {
+		if key&freeKey(0) == 0 && !live[key] {
+			stale = append(stale, key)
+		}
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("list registered groups: %w", err)
+	}
+	for _, k := range stale {
+		if err := groups.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove the registration of ended group %d: %w", k, err)
+		}
+	}
+	return nil
+}
+
 // programs finds the programs attached to the cgroup target (dir), or
-// attaches them, and returns their map of maps.
-func programs(target int, dir string) (*ebpf.Map, error) {
+// attaches them, and returns their map of maps. alone says no other
+// sandbox group exists below dir.
+func programs(target int, dir string, alone bool) (*ebpf.Map, error) {
 	var mine, stale []attachedProg
 	defer func() {
 		for _, p := range append(mine, stale...) {
@@ -171,7 +225,7 @@ func programs(target int, dir string) (*ebpf.Map, error) {
 		}
 		whole = whole && n == 1
 	}
-	if len(stale) > 0 && onlyChild(dir) {
+	if len(stale) > 0 && alone {
 		if err := detach(target, stale); err != nil {
 			return nil, fmt.Errorf("connect hook on %s: detach another version's: %w", dir, err)
 		}
@@ -201,22 +255,6 @@ func detach(target int, ps []attachedProg) error {
 		}
 	}
 	return nil
-}
-
-// onlyChild tells whether dir holds at most one group (the caller's own):
-// no other sandbox runs below it.
-func onlyChild(dir string) bool {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	groups := 0
-	for _, e := range entries {
-		if e.IsDir() {
-			groups++
-		}
-	}
-	return groups <= 1
 }
 
 // attach loads the map of maps and the programs and attaches them to the

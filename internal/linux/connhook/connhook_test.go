@@ -180,6 +180,66 @@ func wantRecorded(t *testing.T, h *Hook, group, addr, what string) {
 	}
 }
 
+// TestOpenPrunesEndedGroups: registrations whose group is gone (a
+// supervisor killed before Close, its group removed since) are removed by
+// the next Open, even when they fill the map of maps, which would
+// otherwise refuse the new sandbox; a running sandbox's registration
+// stays and it goes on recording.
+func TestOpenPrunesEndedGroups(t *testing.T) {
+	parent, child := testCgroup(t)
+	running, err := Open(parent, sibling(t, parent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	ended := filepath.Join(parent, "ended")
+	if err := os.Mkdir(ended, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	killed, err := Open(parent, ended)
+	if err != nil {
+		os.Remove(ended)
+		t.Fatal(err)
+	}
+	killed.records.Close() // what the kernel does for a killed process
+	killed.groups.Close()
+	if err := os.Remove(ended); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the rest with registrations of groups that never existed here
+	// (ids no cgroup has), as thousands of killed supervisors would.
+	var filled []uint64
+	for i := uint64(1); ; i++ {
+		k := 1<<62 | i
+		if err := running.groups.Update(k, running.records, ebpf.UpdateNoExist); err != nil {
+			if len(filled) == 0 {
+				t.Fatalf("register: %v", err)
+			}
+			break
+		}
+		filled = append(filled, k)
+	}
+	h, err := Open(parent, child)
+	if err != nil {
+		t.Fatalf("Open with the map of maps full of ended groups: %v", err)
+	}
+	defer h.Close()
+	var m *ebpf.Map
+	for _, k := range append(filled, killed.group) {
+		if h.groups.Lookup(k, &m) == nil {
+			m.Close()
+			t.Fatalf("group %d is still registered", k)
+		}
+	}
+	if err := h.groups.Lookup(running.group, &m); err != nil {
+		t.Fatalf("the running sandbox's registration is gone: %v", err)
+	}
+	m.Close()
+	addr := listen(t, "tcp4", "127.0.0.1:0")
+	wantRecorded(t, running, filepath.Join(parent, "other"), addr, "the running sandbox")
+	wantRecorded(t, h, child, addr, "the new sandbox")
+}
+
 // TestOpenFindsTheHook: a second Open finds the programs the first
 // attached, and their map, rather than attaching more.
 func TestOpenFindsTheHook(t *testing.T) {
