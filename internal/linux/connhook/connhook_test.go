@@ -159,6 +159,41 @@ func TestRecordsConnects(t *testing.T) {
 	wantRecorded(t, again, child, v4, "the map taken again")
 }
 
+// TestFloodKeepsOthersRecords: a sandbox that connects more sockets than
+// its map holds loses its own oldest records, not another sandbox's: were
+// the records of every sandbox in one map, the flood would push out the
+// other's record before its connection was identified.
+func TestFloodKeepsOthersRecords(t *testing.T) {
+	parent, child := testCgroup(t)
+	other := sibling(t, parent)
+	h, err := Open(parent, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	flooder, err := Open(parent, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flooder.Close()
+	pid, cookies := connect(t, child, listen(t, "tcp4", "127.0.0.1:0"))
+	// UDP sockets: a connect each, no handshake, nothing to accept.
+	flood := `import socket, sys
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("127.0.0.1", 9))
+    s.close()
+`
+	n := strconv.Itoa(2 * maxRecords) // the least recently written go first, roughly
+	join := "echo $$ > " + filepath.Join(other, "cgroup.procs") + " && "
+	if out, err := exec.Command("sh", "-c", join+`exec python3 -c "$0" "$1"`, flood, n).CombinedOutput(); err != nil {
+		t.Fatalf("flood: %v\n%s", err, out)
+	}
+	if rec, ok := h.Lookup(cookies[0]); !ok || rec.TGID != pid {
+		t.Errorf("after another sandbox's %s connects the record is %+v, %v; want pid %d", n, rec, ok, pid)
+	}
+}
+
 // sibling makes another sandbox's group next to the test's.
 func sibling(t *testing.T, parent string) string {
 	t.Helper()
