@@ -43,10 +43,6 @@ func connectTCP(ctx context.Context, ap netip.AddrPort, timeout time.Duration) (
 	if timeout > 0 && (!hasDeadline || time.Until(deadline) > timeout) {
 		deadline, hasDeadline = time.Now().Add(timeout), true
 	}
-	sa := unix.Sockaddr(&unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()})
-	if ap.Addr().Is4() {
-		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
-	}
 	// net.Dialer makes the socket and the connection around it; the
 	// handshake is done in its Control hook, and the dialer's own
 	// connect(2) then finds the socket connected (EISCONN), which it
@@ -54,7 +50,12 @@ func connectTCP(ctx context.Context, ap netip.AddrPort, timeout time.Duration) (
 	// with net.FileConn instead costs seven more system calls (a
 	// duplicate descriptor, its poller registration, the original's
 	// removal).
-	d := net.Dialer{ControlContext: func(_ context.Context, _, _ string, c syscall.RawConn) error {
+	d := net.Dialer{ControlContext: func(_ context.Context, network, _ string, c syscall.RawConn) error {
+		// The address in the family of the socket the dialer made.
+		sa := unix.Sockaddr(&unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()})
+		if network == "tcp4" {
+			sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+		}
 		var herr error
 		if err := c.Control(func(fd uintptr) { herr = handshake(int(fd), sa, deadline, hasDeadline) }); err != nil {
 			return err

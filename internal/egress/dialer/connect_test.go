@@ -17,9 +17,14 @@ import (
 )
 
 // TestConnectTCP: the connection connectTCP returns carries bytes both
-// ways and names both ends, over IPv4 and IPv6.
+// ways and names both ends, over IPv4 and IPv6, and to an IPv4 address
+// in its IPv4-mapped IPv6 form.
 func TestConnectTCP(t *testing.T) {
-	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0", "mapped"} {
+		mapped := addr == "mapped"
+		if mapped {
+			addr = "127.0.0.1:0"
+		}
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Logf("%s: %v", addr, err)
@@ -34,12 +39,16 @@ func TestConnectTCP(t *testing.T) {
 			}
 		}()
 		ap := l.Addr().(*net.TCPAddr).AddrPort()
-		c, err := connectTCP(context.Background(), ap, time.Second)
+		dial := ap
+		if mapped {
+			dial = netip.AddrPortFrom(netip.AddrFrom16(ap.Addr().As16()), ap.Port())
+		}
+		c, err := connectTCP(context.Background(), dial, time.Second)
 		if err != nil {
-			t.Fatalf("%s: %v", ap, err)
+			t.Fatalf("%s: %v", dial, err)
 		}
 		if _, ok := c.(*net.TCPConn); !ok || c.RemoteAddr().(*net.TCPAddr).AddrPort() != ap {
-			t.Errorf("%s: got a %T to %v", ap, c, c.RemoteAddr())
+			t.Errorf("%s: got a %T to %v", dial, c, c.RemoteAddr())
 		}
 		if _, err := c.Write([]byte("ping")); err != nil {
 			t.Fatal(err)
