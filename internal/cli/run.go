@@ -411,32 +411,46 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 		return setupFailed(fmt.Errorf("load secrets: %w", err))
 	}
 	tr.Step("policy compiled, secrets loaded")
-	var eg *assemble.Egress
+	// In proxy mode the egress is built on a goroutine of its own while
+	// Run makes the run directory, the cgroup and the init, and Run waits
+	// for it once the init is cloned: on a 2-core VM that took a few
+	// milliseconds off the start (bench/startup.sh). Its errors come back
+	// from Run as a *sandbox.EgressError and are reported as before.
+	var egress func() (*assemble.Egress, error)
 	if pl.Network.Capture != nil && uncaged == "" {
-		eg, err = newEgress(compiled, fileRoutes, pl, host, masked, f, id, aud, log)
-		if err != nil {
-			aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
-			return setupFailed(err)
-		}
-		tr.Step("egress prepared (decision index, sandbox CA, model routes)")
+		egress = onItsOwn(tr.Fork(), func() (*assemble.Egress, error) {
+			return newEgress(compiled, fileRoutes, pl, host, masked, f, id, aud, log)
+		})
 	} else if masked.Len() > 0 {
 		log.Warn("secrets: the workload gets surrogates, but without corral's proxy nothing swaps them for the real values, so requests using them will fail",
 			"secrets", masked.Names())
 	}
 	var inferenceEnv []string
-	if eg != nil {
+	if egress != nil {
 		inferenceEnv = routes.Environ()
 	} else if len(routes.Routes) > 0 {
 		log.Warn("inference routes are served only in proxy mode; inference.local does not exist in this sandbox")
 	}
-	var policies *reload.Reloader
-	if eg != nil {
-		policies = eg.Policy()
-	} else if policies, err = reload.New(compiled, nil, aud, log); err != nil {
+	compileFailed := func(err error) error {
+		aud.Log(audit.SandboxCompileErrorEvent{Error: err.Error(), Policy: pol.Source})
 		return setupFailed(err)
+	}
+	var policies *reload.Reloader
+	if egress == nil {
+		if policies, err = reload.New(compiled, nil, aud, log); err != nil {
+			return setupFailed(err)
+		}
 	}
 	if gw != nil {
 		t := sandbox.GatewayTargets{Policy: policies, Secrets: masked}
+		var eg *assemble.Egress
+		if egress != nil {
+			// The gateway updates what the egress serves: it waits for it.
+			if eg, err = egress(); err != nil {
+				return compileFailed(err)
+			}
+			t.Policy = eg.Policy()
+		}
 		switch {
 		case f.inferenceRoutes != "":
 			t.RoutesFixed = "--inference-routes given locally wins"
@@ -451,7 +465,7 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 	code, err := sandbox.Run(cmd.Context(), sandbox.Options{
 		ID: id, Session: f.session, Plan: pl, Argv: argv, Env: env,
 		StateDir: state, Cgroups: host.Cgroups, Walltime: walltime,
-		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: eg,
+		Audit: aud, Log: log, PolicySHA: compiled.SHA256, PolicyCommit: gitsrc.Commit(pol.Source), Policy: policies, UncagedReason: uncaged, Egress: egress,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Trace: tr, TrustedCIDRs: trusted, AdvisorProbe: f.advisorProbe,
 		Launcher: launcher, TimerSlack: slack, NotifyConnects: os.Getenv(notifyConnectsEnv) == "1",
 		Running: func() {
@@ -459,10 +473,32 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 			log.Debug("set-up over: garbage collection resumed")
 		},
 	})
+	if ee, ok := errors.AsType[*sandbox.EgressError](err); ok {
+		return compileFailed(ee.Err)
+	}
 	if err != nil || code != 0 {
 		return &exitError{code: code, err: err}
 	}
 	return nil
+}
+
+// onItsOwn runs build on a goroutine of its own and returns what waits for
+// its result; tr traces when it ended.
+func onItsOwn(tr *trace.Tracer, build func() (*assemble.Egress, error)) func() (*assemble.Egress, error) {
+	type built struct {
+		eg  *assemble.Egress
+		err error
+	}
+	done := make(chan built, 1)
+	go func() {
+		eg, err := build()
+		tr.Step("egress prepared (decision index, sandbox CA, model routes), alongside")
+		done <- built{eg, err}
+	}()
+	return sync.OnceValues(func() (*assemble.Egress, error) {
+		b := <-done
+		return b.eg, b.err
+	})
 }
 
 // fullRunNeeds names what of f only the full program has, or "".

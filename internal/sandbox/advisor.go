@@ -35,15 +35,15 @@ func (s *supervisor) startAdvisor(ctx context.Context) {
 	probe := s.Policy.Current().Policy.Policy.Network.Learn || s.AdvisorProbe
 	svc, err := service.New(service.Config{
 		Dir: DraftsDir(s.StateDir, s.Session), Reloader: s.Policy, Audit: s.Audit, Log: s.Log,
-		Rules: s.Egress.Rules(), TrustedCIDRs: s.TrustedCIDRs, Resolver: s.Egress.Resolver(), NoProbe: !probe,
+		Rules: s.egress.Rules(), TrustedCIDRs: s.TrustedCIDRs, Resolver: s.egress.Resolver(), NoProbe: !probe,
 	})
 	if err != nil {
 		s.Log.Warn("policy advisor unavailable: denials will not become drafts", "err", err)
 		return
 	}
 	s.adv.Store(svc)
-	s.Egress.SetAdvice(svc)
-	s.Egress.AddService(policylocal.Host, &policylocal.Handler{Advisor: svc, Policy: s.Policy, Identify: egress.RequestFrom})
+	s.egress.SetAdvice(svc)
+	s.egress.AddService(policylocal.Host, &policylocal.Handler{Advisor: svc, Policy: s.Policy, Identify: egress.RequestFrom})
 	go func() {
 		svc.Run(ctx)
 		s.adv.Store(nil)

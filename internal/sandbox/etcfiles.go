@@ -21,7 +21,7 @@ func (s *supervisor) writeEtcFiles() error {
 		if err := writeReadable(statedir.ResolvConf(s.StateDir, s.ID), []byte(conf)); err != nil {
 			return fmt.Errorf("write resolv.conf: %w", err)
 		}
-		if err := s.writeBrowserConfig(s.Egress.BrowserPolicy()); err != nil {
+		if err := s.writeBrowserConfig(s.egress.BrowserPolicy()); err != nil {
 			return err
 		}
 	}

@@ -30,7 +30,7 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("CA directory: %w", err)
 	}
-	for name, parts := range s.Egress.TrustFiles() {
+	for name, parts := range s.egress.TrustFiles() {
 		err := writeFile(filepath.Join(dir, name), func(w io.Writer) error {
 			for _, p := range parts {
 				if _, err := w.Write(p); err != nil {
@@ -59,7 +59,7 @@ func (s *supervisor) writeCA() (wait func() error, err error) {
 	go func() {
 		err := writeFile(filepath.Join(dir, assemble.JavaTrustStoreFile), func(w io.Writer) error {
 			bw := bufio.NewWriterSize(w, 32<<10)
-			if err := s.Egress.JavaTrustStore(bw, statedir.JavaRoots(s.StateDir)); err != nil {
+			if err := s.egress.JavaTrustStore(bw, statedir.JavaRoots(s.StateDir)); err != nil {
 				return err
 			}
 			return bw.Flush()
@@ -114,7 +114,7 @@ func (s *supervisor) startEgress(ctx context.Context, sup *os.File, ln *launcher
 	if !l.IPv6 {
 		s.Log.Info("IPv6 is not available inside the sandbox", "reason", l.NoIPv6Reason)
 	}
-	return s.Egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs, Connects: s.connects})
+	return s.egress.Start(ctx, assemble.Sandbox{Listeners: l, InitPID: s.cmd.Process.Pid, Execs: s.execs, Connects: s.connects})
 }
 
 // receiveListeners takes the listeners the init created inside the

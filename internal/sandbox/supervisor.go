@@ -66,16 +66,21 @@ type Options struct {
 	Cgroups     cgroup.Facts
 	Walltime    time.Duration
 	// Policy holds the policy in force, starting with the one the plan
-	// was built from; control's policy set reloads it.
+	// was built from; control's policy set reloads it. In proxy mode Run
+	// takes it from Egress instead.
 	Policy    *reload.Reloader
 	Audit     *audit.Logger
 	Log       *slog.Logger
 	PolicySHA string
 	// PolicyCommit is the commit a git:REF:PATH policy was read from.
 	PolicyCommit string
-	// Egress is set in proxy mode: built before the sandbox starts, served
-	// on the listeners its init opens; its Policy is Policy.
-	Egress *assemble.Egress
+	// Egress is set in proxy mode. It yields the egress to serve on the
+	// listeners the init opens, and Run takes Policy from it. Run calls
+	// it once the init is cloned, so that a caller building the egress
+	// on another goroutine (corral run) overlaps that work with the run
+	// directory, the cgroup and the clone; an error it returns ends the
+	// run as an *EgressError, with nothing logged for it.
+	Egress func() (*assemble.Egress, error)
 	// UncagedReason is set when the command runs without a sandbox.
 	UncagedReason string
 	Stdin         *os.File
@@ -106,7 +111,8 @@ type Options struct {
 
 // Run runs the workload and returns the exit code corral should exit with.
 // An error means corral failed before the workload ran (code 125) or the
-// workload could not be executed (126/127); it has been audited already.
+// workload could not be executed (126/127); it has been audited already,
+// but for an *EgressError, which the caller reports.
 func Run(ctx context.Context, o Options) (int, error) {
 	defer o.Launcher.Stop()
 	if o.UncagedReason != "" {
@@ -140,7 +146,18 @@ type supervisor struct {
 	// connects records who connects each socket, from the seccomp
 	// filter's listener the init sends with MsgStarted.
 	connects *procident.ConnectLog
+	// egress is what Options.Egress yielded.
+	egress *assemble.Egress
 }
+
+// EgressError is an error of Options.Egress: the run ended before the
+// sandbox was set up, and Run logged nothing for it, so that the caller
+// reports it as the bad input it usually is (an inference route, a
+// --policy-rules file).
+type EgressError struct{ Err error }
+
+func (e *EgressError) Error() string { return e.Err.Error() }
+func (e *EgressError) Unwrap() error { return e.Err }
 
 func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 	defer func() {
@@ -161,7 +178,7 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		}
 		s.phase("cleaned up")
 		s.Trace.Step("cleaned up (cgroup, run directory)")
-		if retErr != nil {
+		if retErr != nil && !errors.As(retErr, new(*EgressError)) {
 			var se *initproc.StepError
 			step := "start sandbox"
 			if errors.As(retErr, &se) {
@@ -185,12 +202,6 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		return ExitSetupFailed, err
 	}
 	s.Trace.Step("run directory")
-	if s.Plan.Network.Capture != nil {
-		if trustWritten, err = s.writeCA(); err != nil {
-			return ExitSetupFailed, err
-		}
-		s.Trace.Step("CA files written")
-	}
 	for _, d := range planDegradations(s.Plan) {
 		s.degraded(d)
 	}
@@ -288,6 +299,20 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 			r, ok := h.Lookup(cookie)
 			return r.TGID, r.At, ok
 		}
+	}
+	if s.Plan.Network.Capture != nil {
+		if s.Egress == nil {
+			return ExitSetupFailed, errors.New("the plan captures the network, but no egress was given to serve it")
+		}
+		if s.egress, err = s.Egress(); err != nil {
+			return ExitSetupFailed, &EgressError{err}
+		}
+		s.Policy = s.egress.Policy()
+		s.Trace.Step("egress ready")
+		if trustWritten, err = s.writeCA(); err != nil {
+			return ExitSetupFailed, err
+		}
+		s.Trace.Step("CA files written")
 	}
 	// The init reads none of these before its config arrives: they are
 	// written while its runtime starts.

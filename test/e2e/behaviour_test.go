@@ -71,6 +71,41 @@ func TestExitCodes(t *testing.T) {
 	})
 }
 
+// TestBadEgressInputRefused: a proxy-mode run whose egress cannot be built
+// from what it was given (an --upstream-ca file without a certificate)
+// fails as bad input: exit 125 with the reason, one sandbox.compile_error
+// and no sandbox.start or sandbox.setup_error, the workload never run, and
+// nothing left of the sandbox. The egress is built while the sandbox is
+// being made, so by the time this fails the init has been cloned and must
+// be undone.
+func TestBadEgressInputRefused(t *testing.T) {
+	forEachMode(t, true, func(t *testing.T, m *mode) {
+		fx := newFixture(t, m)
+		bad := filepath.Join(fx.W, "no-certificate.pem")
+		writeOwned(t, m, bad, []byte("not a certificate\n"), 0o644)
+		ran := filepath.Join(fx.W, "ran")
+		r := runCorral(t, fx, runOpts{args: []string{"/bin/sh", "-c", "touch " + ran},
+			policy: proxyPolicy(""), flags: []string{"--upstream-ca", bad}})
+		if r.code != 125 || !strings.Contains(r.stderr, "no PEM certificate") {
+			t.Fatalf("want exit 125 naming the bad --upstream-ca file\n%s", r)
+		}
+		failed := r.find("sandbox.compile_error")
+		if len(failed) != 1 || len(r.find("sandbox.start")) > 0 || len(r.find("sandbox.setup_error")) > 0 {
+			t.Fatalf("want one sandbox.compile_error and no sandbox.start or sandbox.setup_error\n%s", r)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Error("the workload ran")
+		}
+		id := fmt.Sprint(failed[0]["sandbox_id"])
+		if _, err := os.Lstat(filepath.Join(fx.state, "run", id)); err == nil {
+			t.Errorf("run directory of %s left behind", id)
+		}
+		if left := existing(cgroupDirs(id)); len(left) > 0 {
+			t.Errorf("cgroups left behind: %v", left)
+		}
+	})
+}
+
 // TestSignalForwarding sends signals to corral and expects the workload to
 // receive them.
 func TestSignalForwarding(t *testing.T) {

@@ -722,7 +722,7 @@ func cgroupDirs(id string) []string {
 	for _, c := range []string{"memory", "pids", "cpu", "cpu,cpuacct"} {
 		out = append(out, filepath.Join("/sys/fs/cgroup", c, "corral", id))
 	}
-	return append(out, filepath.Join("/sys/fs/cgroup/corral", id))
+	return append(out, filepath.Join("/sys/fs/cgroup/corral", id), filepath.Join("/sys/fs/cgroup/unified/corral", id))
 }
 
 func existing(paths []string) []string {
