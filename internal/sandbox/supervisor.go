@@ -148,6 +148,8 @@ type supervisor struct {
 	connects *procident.ConnectLog
 	// egress is what Options.Egress yielded.
 	egress *assemble.Egress
+	// socketWatch is closed once watchSocketMemory has returned.
+	socketWatch chan struct{}
 }
 
 // EgressError is an error of Options.Egress: the run ended before the
@@ -164,6 +166,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		// One cleanup path for every outcome, so nothing is left behind
 		// whether set-up failed half-way or the workload ran.
 		if s.cg != nil {
+			if s.socketWatch != nil {
+				// It reads the group's directories, which Delete
+				// changes; it returns once the init has exited.
+				<-s.socketWatch
+			}
 			if err := s.cg.Kill(); err != nil {
 				s.Log.Warn("kill sandbox cgroup", "err", err)
 			}
@@ -291,7 +298,11 @@ func (s *supervisor) run(ctx context.Context) (code int, retErr error) {
 		if err := s.cg.AddProc(s.cmd.Process.Pid); err != nil {
 			return ExitSetupFailed, fmt.Errorf("move sandbox into its cgroup: %w", err)
 		}
-		go s.watchSocketMemory(done)
+		s.socketWatch = make(chan struct{})
+		go func() {
+			defer close(s.socketWatch)
+			s.watchSocketMemory(done)
+		}()
 	}
 	s.Trace.Step("init started (clone with namespaces), moved into its cgroup")
 	if h := hook(); h != nil && s.connects != nil && s.execs != nil {
