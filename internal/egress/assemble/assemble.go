@@ -3,8 +3,10 @@
 // engine, the sandbox's CA and the trust handed to the workload, and the
 // secrets; then, on the listeners the sandbox's init opened, the guarded
 // dialer, the identifier, the gate, the inspector, the proxies and the DNS
-// server. The supervisor calls New before the sandbox starts, so a policy
-// that does not compile stops the run, and Start once the listeners exist.
+// server. corral run calls New while the sandbox is being made, and the
+// supervisor waits for it before the sandbox's init gets its config, so a
+// policy that does not compile stops the run before the workload exists;
+// Start comes once the listeners exist.
 package assemble
 
 import (
