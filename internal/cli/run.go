@@ -485,20 +485,18 @@ func runCommand(cmd *cobra.Command, f runFlags, argv []string) (retErr error) {
 // onItsOwn runs build on a goroutine of its own and returns what waits for
 // its result; tr traces when it ended.
 func onItsOwn(tr *trace.Tracer, build func() (*assemble.Egress, error)) func() (*assemble.Egress, error) {
-	type built struct {
-		eg  *assemble.Egress
-		err error
-	}
-	done := make(chan built, 1)
+	var eg *assemble.Egress
+	var err error
+	done := make(chan struct{})
 	go func() {
-		eg, err := build()
+		eg, err = build()
 		tr.Step("egress prepared (decision index, sandbox CA, model routes), alongside")
-		done <- built{eg, err}
+		close(done)
 	}()
-	return sync.OnceValues(func() (*assemble.Egress, error) {
-		b := <-done
-		return b.eg, b.err
-	})
+	return func() (*assemble.Egress, error) {
+		<-done
+		return eg, err
+	}
 }
 
 // fullRunNeeds names what of f only the full program has, or "".

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -488,15 +487,19 @@ func (s *supervisor) attachConnectHook() func() *connhook.Hook {
 	if s.Plan.Network.Capture == nil || s.cg == nil || s.cg.Unified() == "" || s.NotifyConnects {
 		return func() *connhook.Hook { return nil }
 	}
-	attached := make(chan *connhook.Hook, 1)
+	var h *connhook.Hook
+	attached := make(chan struct{})
 	go func() {
-		h, err := connhook.Open(filepath.Dir(s.cg.Unified()), s.cg.Unified())
-		if err != nil {
+		var err error
+		if h, err = connhook.Open(filepath.Dir(s.cg.Unified()), s.cg.Unified()); err != nil {
 			s.Log.Debug("the seccomp filter hands connects to the supervisor: the cgroup connect hook is unavailable", "err", err)
 		}
-		attached <- h
+		close(attached)
 	}()
-	return sync.OnceValue(func() *connhook.Hook { return <-attached })
+	return func() *connhook.Hook {
+		<-attached
+		return h
+	}
 }
 
 // connectsRecorder names, for sandbox.start, what records who connects
