@@ -47,9 +47,8 @@ func connectTCP(ctx context.Context, ap netip.AddrPort, timeout time.Duration) (
 	// handshake is done in its Control hook, and the dialer's own
 	// connect(2) then finds the socket connected (EISCONN), which it
 	// takes as success. Connecting a socket of our own and adopting it
-	// with net.FileConn instead costs seven more system calls (a
-	// duplicate descriptor, its poller registration, the original's
-	// removal).
+	// with net.FileConn instead made a duplicate descriptor and queried
+	// and registered both with the poller before closing the original.
 	d := net.Dialer{ControlContext: func(_ context.Context, network, _ string, c syscall.RawConn) error {
 		// The address in the family of the socket the dialer made.
 		sa := unix.Sockaddr(&unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()})

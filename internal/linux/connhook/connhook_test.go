@@ -147,12 +147,7 @@ func TestRecordsConnects(t *testing.T) {
 	// A sandbox that ends leaves its map for the next, which takes it
 	// rather than allocating one.
 	used := idOf(t, h.records)
-	h.Close()
-	again, err := Open(parent, child)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer again.Close()
+	again := openAgain(t, h, parent, child)
 	if got := idOf(t, again.records); got != used {
 		t.Errorf("the next sandbox made map %d, not taking the ended one's %d", got, used)
 	}
@@ -192,6 +187,19 @@ for _ in range(int(sys.argv[1])):
 	if rec, ok := h.Lookup(cookies[0]); !ok || rec.TGID != pid {
 		t.Errorf("after another sandbox's %s connects the record is %+v, %v; want pid %d", n, rec, ok, pid)
 	}
+}
+
+// openAgain closes h, as a sandbox that ended, and opens the hook for
+// group again, as the next sandbox; the test's end closes that one.
+func openAgain(t *testing.T, h *Hook, dir, group string) *Hook {
+	t.Helper()
+	h.Close()
+	again, err := Open(dir, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Close() })
+	return again
 }
 
 // sibling makes another sandbox's group next to the test's.
@@ -284,12 +292,7 @@ func TestOpenFindsTheHook(t *testing.T) {
 		t.Fatal(err)
 	}
 	firstMap := idOf(t, first.groups)
-	first.Close() // as a sandbox that ended
-	second, err := Open(parent, child)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
+	second := openAgain(t, first, parent, child)
 	if got := idOf(t, second.groups); got != firstMap {
 		t.Errorf("the second Open uses map %d, the first's is %d: it attached the hook again", got, firstMap)
 	}
